@@ -1,0 +1,34 @@
+"""`gpunode`: the umbrella command (sim, demo, version)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpunode import __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gpunode.nvml.sim import cli as sim_cli
+
+    parser = argparse.ArgumentParser(
+        prog="gpunode", description="GPU node agents and their simulated GPU node"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sim_cli.add_parser(sub)
+    demo = sub.add_parser("demo", help="walk through the simulated dgx-a100 node")
+    demo.add_argument("--preset", default="dgx-a100")
+    sub.add_parser("version", help="print the version")
+    args = parser.parse_args(argv)
+    if args.command == "version":
+        print(f"gpunode {__version__}")
+        return 0
+    if args.command == "demo":
+        from gpunode import demo as demo_mod
+
+        return demo_mod.run(args.preset)
+    return sim_cli.run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,726 @@
+"""The pynvml-backed NVML library: the only module that imports pynvml.
+
+Every blocking NVML call runs on one dedicated thread; event waits run on their own thread so a long wait
+never starves other calls. Vendor exceptions become `gpunode.nvml.errors`; optional features that the GPU
+does not support come back as None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pynvml
+
+from gpunode.nvml import errors, mig
+from gpunode.nvml.api import (
+    ARCHITECTURES,
+    BRANDS,
+    HEALTH_EVENTS,
+    CiProfile,
+    ComputeInstance,
+    EventKind,
+    GiProfile,
+    GpuInfo,
+    GpuInstance,
+    HealthEvent,
+    MigDevice,
+    MigMode,
+    PciInfo,
+    Placement,
+    SetMigModeResult,
+    SystemInfo,
+    Telemetry,
+    TopoLevel,
+    Topology,
+)
+from gpunode.nvml.events import EventPump
+
+T = TypeVar("T")
+MIB = 1 << 20
+LIBRARY_NAME = "libnvidia-ml.so.1"
+# Where a driver root (a driver container's /run/nvidia/driver, or a host mount) keeps libnvidia-ml.
+LIBRARY_DIRS = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "usr/lib",
+    "lib",
+)
+
+_install_lock = threading.Lock()
+
+
+# -- loading -------------------------------------------------------------------------------------------------
+def install_library(lib: Any) -> None:
+    """Make `lib` the library pynvml calls (a CDLL or the simulator), resetting pynvml's caches.
+
+    pynvml keeps the library in `nvmlLib`, caches every resolved symbol in `_nvmlGetFunctionPointer_cache`
+    and counts inits in `_nvmlLib_refcount`; all three must be reset or the old library keeps answering.
+    """
+    with _install_lock, pynvml.libLoadLock:
+        pynvml.nvmlLib = lib
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlLib_refcount = 0
+
+
+def installed_library() -> Any:
+    return pynvml.nvmlLib
+
+
+def find_driver_library(driver_root: Path) -> Path | None:
+    for rel in LIBRARY_DIRS:
+        candidate = driver_root / rel / LIBRARY_NAME
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def load_driver_library(driver_root: Path | str | None) -> None:
+    """Load libnvidia-ml from a driver root; pynvml itself only knows the bare name `libnvidia-ml.so.1`.
+
+    With no root (or "/"), pynvml's own loader runs on first init. A library already installed (the
+    simulator, or an earlier load) is kept.
+    """
+    if pynvml.nvmlLib is not None:
+        return
+    if driver_root is None or Path(driver_root) == Path("/"):
+        return
+    root = Path(driver_root)
+    path = find_driver_library(root)
+    if path is None:
+        searched = ", ".join(str(root / d) for d in LIBRARY_DIRS)
+        raise errors.LibraryNotFound(
+            f"{LIBRARY_NAME} not found under driver root {root} (searched {searched})"
+        )
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise errors.LibraryNotFound(f"cannot load {path}: {exc}") from None
+    install_library(lib)
+
+
+def _translate(exc: pynvml.NVMLError) -> errors.NvmlError:
+    code = int(getattr(exc, "value", 999))
+    try:
+        text = str(exc)
+    except Exception:  # an unknown code whose string lookup itself failed
+        text = f"NVML error {code}"
+    return errors.from_code(code, text)
+
+
+def _call(fn: Callable[..., T], *args: Any) -> T:
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        raise _translate(exc) from None
+
+
+def _optional(fn: Callable[..., T], *args: Any) -> T | None:
+    """NotSupported (and FunctionNotFound on older drivers) become None."""
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        err = _translate(exc)
+        if isinstance(err, (errors.NotSupported, errors.FunctionNotFound, errors.NotFound)):
+            return None
+        raise err from None
+
+
+def _addr(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+# -- the library ---------------------------------------------------------------------------------------------
+class RealNvml:
+    """`gpunode.nvml.api.Nvml` over pynvml. Create with `await RealNvml.open(...)`."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
+        self._handles: dict[int, Any] = {}
+        self._uuids: dict[int, str] = {}
+        self._gi_profiles: dict[int, list[GiProfile]] = {}
+        self._totals: dict[int, int] = {}
+        self._count = 0
+        self._closed = False
+
+    @classmethod
+    async def open(cls, driver_root: Path | str | None = None) -> RealNvml:
+        self = cls()
+        try:
+            await self._run(self._start, driver_root)
+        except BaseException:
+            self._pool.shutdown(wait=False)
+            raise
+        return self
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args))
+
+    def _start(self, driver_root: Path | str | None) -> None:
+        load_driver_library(driver_root)
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise errors.InitFailed(
+                f"NVML init failed: {_translate(exc)}", code=_translate(exc).code
+            ) from None
+        self._count = _call(pynvml.nvmlDeviceGetCount)
+        for i in range(self._count):
+            self._cache_handle(i)
+
+    def _cache_handle(self, index: int) -> Any:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as exc:
+            err = _translate(exc)
+            if isinstance(err, errors.GpuLost):
+                return None
+            raise err from None
+        self._handles[index] = handle
+        if index not in self._uuids:
+            self._uuids[index] = _call(pynvml.nvmlDeviceGetUUID, handle)
+        return handle
+
+    def _handle(self, index: int) -> Any:
+        if not 0 <= index < self._count:
+            raise errors.InvalidArgument(f"no GPU with index {index} (the node has {self._count})")
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._cache_handle(index)
+            if handle is None:
+                raise errors.GpuLost(f"GPU {index} is lost")
+        return handle
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._run(_call, pynvml.nvmlShutdown)
+        except errors.NvmlError:
+            pass
+        finally:
+            self._pool.shutdown(wait=True)
+
+    # -- system and inventory ------------------------------------------------------------------------------
+    async def system(self) -> SystemInfo:
+        return await self._run(self._system)
+
+    def _system(self) -> SystemInfo:
+        return SystemInfo(
+            driver_version=_call(pynvml.nvmlSystemGetDriverVersion),
+            nvml_version=_call(pynvml.nvmlSystemGetNVMLVersion),
+            cuda_driver_version=_call(pynvml.nvmlSystemGetCudaDriverVersion_v2),
+        )
+
+    async def gpus(self) -> list[GpuInfo]:
+        return await self._run(self._gpus)
+
+    def _gpus(self) -> list[GpuInfo]:
+        out = []
+        for i in range(self._count):
+            try:
+                out.append(self._gpu(i))
+            except errors.GpuLost:
+                continue
+        return out
+
+    async def lost_gpus(self) -> list[int]:
+        return await self._run(self._lost)
+
+    def _lost(self) -> list[int]:
+        lost = []
+        for i in range(self._count):
+            try:
+                self._gpu_identity_probe(i)
+            except errors.GpuLost:
+                lost.append(i)
+        return lost
+
+    def _gpu_identity_probe(self, index: int) -> None:
+        _call(pynvml.nvmlDeviceGetMinorNumber, self._handle(index))
+
+    def _gpu(self, index: int) -> GpuInfo:
+        h = self._handle(index)
+        pci = _call(pynvml.nvmlDeviceGetPciInfo_v3, h)
+        mode = _optional(pynvml.nvmlDeviceGetMigMode, h)
+        attrs = _optional(pynvml.nvmlDeviceGetAttributes_v2, h)
+        numa = _optional(pynvml.nvmlDeviceGetNumaNodeId, h)
+        arch = _optional(pynvml.nvmlDeviceGetArchitecture, h)
+        brand = _optional(pynvml.nvmlDeviceGetBrand, h)
+        memory = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
+        self._totals[index] = int(memory.total)
+        return GpuInfo(
+            index=index,
+            minor=_call(pynvml.nvmlDeviceGetMinorNumber, h),
+            uuid=self._uuids[index],
+            name=_call(pynvml.nvmlDeviceGetName, h),
+            serial=_optional(pynvml.nvmlDeviceGetSerial, h),
+            pci=PciInfo(
+                bus_id=pci.busId,
+                domain=pci.domain,
+                bus=pci.bus,
+                device=pci.device,
+                device_id=pci.pciDeviceId,
+                subsystem_id=pci.pciSubSystemId,
+            ),
+            numa_node=numa if numa is not None and numa >= 0 else None,
+            memory_total_mib=int(memory.total) // MIB,
+            compute_capability=tuple(_call(pynvml.nvmlDeviceGetCudaComputeCapability, h)),
+            architecture=ARCHITECTURES.get(arch, "unknown") if arch is not None else "unknown",
+            brand=BRANDS.get(brand, "unknown") if brand is not None else "unknown",
+            sm_count=int(attrs.multiprocessorCount) if attrs is not None else None,
+            mig=MigMode(bool(mode[0]), bool(mode[1])) if mode is not None else None,
+        )
+
+    # -- topology ------------------------------------------------------------------------------------------
+    async def topology(self) -> Topology:
+        return await self._run(self._topology)
+
+    def _links(self, h: Any) -> tuple[dict[str, int], int]:
+        """(links per remote GPU bus id, links to NVSwitches) for one GPU."""
+        peers: dict[str, int] = {}
+        switch_links = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                active = pynvml.nvmlDeviceGetNvLinkState(h, link)
+            except pynvml.NVMLError:
+                break
+            if not active:
+                continue
+            kind = _optional(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, h, link)
+            if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+                switch_links += 1
+                continue
+            remote = _optional(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
+            if remote is not None:
+                key = str(remote.busId).lower()
+                peers[key] = peers.get(key, 0) + 1
+        return peers, switch_links
+
+    def _topology(self) -> Topology:
+        indices = [i for i in range(self._count) if self._handles.get(i) is not None]
+        handles = [self._handles[i] for i in indices]
+        bus_ids = [str(_call(pynvml.nvmlDeviceGetPciInfo_v3, h).busId).lower() for h in handles]
+        links = [self._links(h) for h in handles]
+        numa = [_optional(pynvml.nvmlDeviceGetNumaNodeId, h) for h in handles]
+        levels: list[tuple[TopoLevel, ...]] = []
+        nvlinks: list[tuple[int, ...]] = []
+        for a, ha in enumerate(handles):
+            row_l: list[TopoLevel] = []
+            row_n: list[int] = []
+            for b, hb in enumerate(handles):
+                if a == b:
+                    row_l.append(TopoLevel.X)
+                    row_n.append(0)
+                    continue
+                level = _call(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
+                row_l.append(TopoLevel(level))
+                direct = links[a][0].get(bus_ids[b], 0)
+                via_switch = min(links[a][1], links[b][1])
+                row_n.append(direct + via_switch)
+            levels.append(tuple(row_l))
+            nvlinks.append(tuple(row_n))
+        return Topology(
+            indices=tuple(indices),
+            levels=tuple(levels),
+            nvlinks=tuple(nvlinks),
+            numa_nodes=tuple(n if n is not None and n >= 0 else None for n in numa),
+        )
+
+    # -- MIG -----------------------------------------------------------------------------------------------
+    async def mig_mode(self, index: int) -> MigMode | None:
+        return await self._run(self._mig_mode, index)
+
+    def _mig_mode(self, index: int) -> MigMode | None:
+        mode = _optional(pynvml.nvmlDeviceGetMigMode, self._handle(index))
+        return None if mode is None else MigMode(bool(mode[0]), bool(mode[1]))
+
+    async def set_mig_mode(self, index: int, enabled: bool) -> SetMigModeResult:
+        return await self._run(self._set_mig_mode, index, enabled)
+
+    def _set_mig_mode(self, index: int, enabled: bool) -> SetMigModeResult:
+        h = self._handle(index)
+        status = _call(pynvml.nvmlDeviceSetMigMode, h, 1 if enabled else 0)
+        mode = _call(pynvml.nvmlDeviceGetMigMode, h)
+        activation = {0: "applied", 16: "reset-required", 19: "in-use"}.get(status, f"status-{status}")
+        return SetMigModeResult(bool(mode[0]), bool(mode[1]), activation)
+
+    def _total_bytes(self, index: int) -> int:
+        if index not in self._totals:
+            self._totals[index] = int(_call(pynvml.nvmlDeviceGetMemoryInfo, self._handle(index)).total)
+        return self._totals[index]
+
+    async def gi_profiles(self, index: int) -> list[GiProfile]:
+        return await self._run(self._gi_profile_list, index)
+
+    def _gi_profile_list(self, index: int) -> list[GiProfile]:
+        if index in self._gi_profiles:
+            return self._gi_profiles[index]
+        h = self._handle(index)
+        total = self._total_bytes(index)
+        profiles = []
+        for enum in range(mig.GI_PROFILE_COUNT):
+            try:
+                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, enum)
+            except pynvml.NVMLError as exc:
+                err = _translate(exc)
+                if isinstance(err, (errors.NotSupported, errors.InvalidArgument)):
+                    continue
+                raise err from None
+            placements = self._placements(h, info.id)
+            profiles.append(
+                GiProfile(
+                    enum=enum,
+                    id=info.id,
+                    name=mig.gi_profile_name(enum, total, info.memorySizeMB),
+                    slices=info.sliceCount,
+                    instance_count=info.instanceCount,
+                    sm_count=info.multiprocessorCount,
+                    memory_mib=info.memorySizeMB,
+                    copy_engines=info.copyEngineCount,
+                    decoders=info.decoderCount,
+                    encoders=info.encoderCount,
+                    jpeg=info.jpegCount,
+                    ofa=info.ofaCount,
+                    placements=placements,
+                )
+            )
+        self._gi_profiles[index] = profiles
+        return profiles
+
+    def _placements(self, h: Any, profile_id: int) -> tuple[Placement, ...]:
+        count = ctypes.c_uint(0)
+        try:
+            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, None, ctypes.byref(count))
+            arr = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
+            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, arr, ctypes.byref(count))
+        except pynvml.NVMLError as exc:
+            err = _translate(exc)
+            if isinstance(err, errors.NotSupported):
+                return ()  # MIG mode off: the driver lists placements only once it is on
+            raise err from None
+        return tuple(Placement(arr[i].start, arr[i].size) for i in range(count.value))
+
+    def _profile_by_enum(self, index: int, enum: int) -> GiProfile:
+        for p in self._gi_profile_list(index):
+            if p.enum == enum:
+                if not p.placements:  # listed before MIG was enabled: refresh once
+                    self._gi_profiles.pop(index, None)
+                    return next(q for q in self._gi_profile_list(index) if q.enum == enum)
+                return p
+        raise errors.NotSupported(f"GPU {index} has no GPU-instance profile {enum}")
+
+    def _profile_by_id(self, index: int, profile_id: int) -> GiProfile:
+        for p in self._gi_profile_list(index):
+            if p.id == profile_id:
+                return p
+        raise errors.NotFound(f"GPU {index} has no GPU-instance profile id {profile_id}")
+
+    async def ci_profiles(self, index: int, gi_profile_enum: int) -> list[CiProfile]:
+        return await self._run(self._ci_profiles, index, gi_profile_enum)
+
+    def _ci_profiles(self, index: int, gi_profile_enum: int) -> list[CiProfile]:
+        """CI profiles of a GI profile. NVML lists them only for an existing GI, so this is computed
+        from the GI profile with the same rule go-nvlib uses (C <= G, and 2C <= G+1 when C < G)."""
+        gi = self._profile_by_enum(index, gi_profile_enum)
+        out = []
+        attrs = mig.GI_ENUMS[gi_profile_enum][1]
+        for enum, c in sorted(mig.CI_ENUMS.items()):
+            if enum not in (mig.CI_1_SLICE, mig.CI_2_SLICE, mig.CI_3_SLICE, mig.CI_4_SLICE, mig.CI_7_SLICE):
+                continue
+            if c not in mig.valid_ci_slices(gi.slices) or (attrs and c != gi.slices):
+                continue
+            out.append(
+                CiProfile(
+                    enum=enum,
+                    gi_profile_enum=gi_profile_enum,
+                    name=mig.ci_profile_name(gi.name, c),
+                    slices=c,
+                    instance_count=gi.slices // c,
+                    sm_count=gi.sm_count * c // gi.slices,
+                )
+            )
+        return out
+
+    async def gpu_instances(self, index: int) -> list[GpuInstance]:
+        return await self._run(self._gpu_instances, index)
+
+    def _gi_from_handle(self, index: int, gi: Any) -> GpuInstance:
+        info = _call(pynvml.nvmlGpuInstanceGetInfo, gi)
+        return GpuInstance(
+            gpu_index=index,
+            id=info.id,
+            profile=self._profile_by_id(index, info.profileId),
+            placement=Placement(info.placement.start, info.placement.size),
+        )
+
+    def _gpu_instances(self, index: int) -> list[GpuInstance]:
+        h = self._handle(index)
+        mode = _optional(pynvml.nvmlDeviceGetMigMode, h)
+        if mode is None or not mode[0]:
+            return []
+        out = []
+        for profile in self._gi_profile_list(index):
+            count = ctypes.c_uint(profile.instance_count)
+            arr = (pynvml.c_nvmlGpuInstance_t * max(1, profile.instance_count))()
+            _call(pynvml.nvmlDeviceGetGpuInstances, h, profile.id, arr, ctypes.byref(count))
+            out += [self._gi_from_handle(index, arr[i]) for i in range(count.value)]
+        return sorted(out, key=lambda g: g.id)
+
+    async def create_gpu_instance(
+        self, index: int, profile_enum: int, placement: Placement | None = None
+    ) -> GpuInstance:
+        return await self._run(self._create_gi, index, profile_enum, placement)
+
+    def _create_gi(self, index: int, profile_enum: int, placement: Placement | None) -> GpuInstance:
+        h = self._handle(index)
+        profile = self._profile_by_enum(index, profile_enum)
+        if placement is None:
+            gi = _call(pynvml.nvmlDeviceCreateGpuInstance, h, profile.id)
+        else:
+            pl = pynvml.c_nvmlGpuInstancePlacement_t(placement.start, placement.size)
+            gi = _call(pynvml.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile.id, ctypes.byref(pl))
+        return self._gi_from_handle(index, gi)
+
+    def _gi_handle(self, index: int, gi_id: int) -> Any:
+        try:
+            return pynvml.nvmlDeviceGetGpuInstanceById(self._handle(index), gi_id)
+        except pynvml.NVMLError as exc:
+            err = _translate(exc)
+            if isinstance(err, errors.NotFound):
+                raise errors.NotFound(f"GPU {index} has no GPU instance {gi_id}") from None
+            raise err from None
+
+    async def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        await self._run(lambda: _call(pynvml.nvmlGpuInstanceDestroy, self._gi_handle(index, gi_id)))
+
+    async def compute_instances(self, index: int, gi_id: int) -> list[ComputeInstance]:
+        return await self._run(self._compute_instances, index, gi_id)
+
+    def _ci_from_handle(self, index: int, gi_id: int, ci: Any) -> ComputeInstance:
+        info = _call(pynvml.nvmlComputeInstanceGetInfo, ci)
+        return ComputeInstance(
+            index, gi_id, info.id, info.profileId, Placement(info.placement.start, info.placement.size)
+        )
+
+    def _compute_instances(self, index: int, gi_id: int) -> list[ComputeInstance]:
+        gi = self._gi_handle(index, gi_id)
+        out = []
+        for enum in range(mig.CI_PROFILE_COUNT):
+            count = ctypes.c_uint(8)
+            arr = (pynvml.c_nvmlComputeInstance_t * 8)()
+            try:
+                pynvml.nvmlGpuInstanceGetComputeInstances(gi, enum, arr, ctypes.byref(count))
+            except pynvml.NVMLError as exc:
+                err = _translate(exc)
+                if isinstance(err, (errors.NotSupported, errors.InvalidArgument)):
+                    continue
+                raise err from None
+            out += [self._ci_from_handle(index, gi_id, arr[i]) for i in range(count.value)]
+        return sorted(out, key=lambda c: c.id)
+
+    async def create_compute_instance(
+        self, index: int, gi_id: int, ci_profile_enum: int, placement: Placement | None = None
+    ) -> ComputeInstance:
+        return await self._run(self._create_ci, index, gi_id, ci_profile_enum, placement)
+
+    def _create_ci(
+        self, index: int, gi_id: int, ci_profile_enum: int, placement: Placement | None
+    ) -> ComputeInstance:
+        gi = self._gi_handle(index, gi_id)
+        if placement is None:
+            ci = _call(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, ci_profile_enum)
+        else:
+            pl = pynvml.c_nvmlComputeInstancePlacement_t(placement.start, placement.size)
+            ci = _call(
+                pynvml.nvmlGpuInstanceCreateComputeInstanceWithPlacement,
+                gi,
+                ci_profile_enum,
+                ctypes.byref(pl),
+            )
+        return self._ci_from_handle(index, gi_id, ci)
+
+    async def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        def destroy() -> None:
+            gi = self._gi_handle(index, gi_id)
+            ci = _call(pynvml.nvmlGpuInstanceGetComputeInstanceById, gi, ci_id)
+            _call(pynvml.nvmlComputeInstanceDestroy, ci)
+
+        await self._run(destroy)
+
+    async def mig_devices(self, index: int) -> list[MigDevice]:
+        return await self._run(self._mig_devices, index)
+
+    def _mig_devices(self, index: int) -> list[MigDevice]:
+        h = self._handle(index)
+        mode = _optional(pynvml.nvmlDeviceGetMigMode, h)
+        if mode is None or not mode[0]:
+            return []
+        total = self._total_bytes(index)
+        gi_profiles: dict[int, GiProfile] = {}
+        out = []
+        for slot in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, h)):
+            try:
+                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+            except pynvml.NVMLError as exc:
+                err = _translate(exc)
+                if isinstance(err, errors.NotFound):
+                    continue
+                raise err from None
+            gi_id = _call(pynvml.nvmlDeviceGetGpuInstanceId, m)
+            if gi_id not in gi_profiles:
+                info = _call(
+                    pynvml.nvmlGpuInstanceGetInfo, _call(pynvml.nvmlDeviceGetGpuInstanceById, h, gi_id)
+                )
+                gi_profiles[gi_id] = self._profile_by_id(index, info.profileId)
+            gi = gi_profiles[gi_id]
+            attrs = _call(pynvml.nvmlDeviceGetAttributes_v2, m)
+            gi_name = mig.gi_profile_name(gi.enum, total, gi.memory_mib)
+            out.append(
+                MigDevice(
+                    parent_index=index,
+                    parent_uuid=self._uuids[index],
+                    index=slot,
+                    uuid=_call(pynvml.nvmlDeviceGetUUID, m),
+                    name=_call(pynvml.nvmlDeviceGetName, m),
+                    profile=mig.ci_profile_name(gi_name, attrs.computeInstanceSliceCount),
+                    gi_id=gi_id,
+                    ci_id=_call(pynvml.nvmlDeviceGetComputeInstanceId, m),
+                    memory_mib=int(attrs.memorySizeMB),
+                    sm_count=attrs.multiprocessorCount,
+                    gi_slices=attrs.gpuInstanceSliceCount,
+                    ci_slices=attrs.computeInstanceSliceCount,
+                    copy_engines=attrs.sharedCopyEngineCount,
+                    decoders=attrs.sharedDecoderCount,
+                    encoders=attrs.sharedEncoderCount,
+                    jpeg=attrs.sharedJpegCount,
+                    ofa=attrs.sharedOfaCount,
+                )
+            )
+        return out
+
+    # -- telemetry -----------------------------------------------------------------------------------------
+    async def telemetry(self, index: int) -> Telemetry:
+        return await self._run(self._telemetry, index)
+
+    def _telemetry(self, index: int) -> Telemetry:
+        h = self._handle(index)
+        o = _optional
+        util = o(pynvml.nvmlDeviceGetUtilizationRates, h)
+        mem = o(pynvml.nvmlDeviceGetMemoryInfo, h)
+        power = o(pynvml.nvmlDeviceGetPowerUsage, h)
+        enc = o(pynvml.nvmlDeviceGetEncoderUtilization, h)
+        dec = o(pynvml.nvmlDeviceGetDecoderUtilization, h)
+        remap = o(pynvml.nvmlDeviceGetRemappedRows, h)
+        retired_sbe = o(
+            pynvml.nvmlDeviceGetRetiredPages,
+            h,
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        )
+        retired_dbe = o(
+            pynvml.nvmlDeviceGetRetiredPages, h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        )
+        pending = o(pynvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
+        procs = o(pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+
+        def ecc(kind: int, counter: int) -> int | None:
+            return o(pynvml.nvmlDeviceGetTotalEccErrors, h, kind, counter)
+
+        return Telemetry(
+            gpu_index=index,
+            gpu_util=util.gpu if util is not None else None,
+            mem_copy_util=util.memory if util is not None else None,
+            memory_used_mib=int(mem.used) // MIB if mem is not None else None,
+            memory_free_mib=int(mem.free) // MIB if mem is not None else None,
+            temperature_c=o(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+            power_w=power / 1000 if power is not None else None,
+            energy_mj=o(pynvml.nvmlDeviceGetTotalEnergyConsumption, h),
+            sm_clock_mhz=o(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+            mem_clock_mhz=o(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
+            pcie_tx_kbs=o(pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+            pcie_rx_kbs=o(pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES),
+            pcie_replay=o(pynvml.nvmlDeviceGetPcieReplayCounter, h),
+            enc_util=enc[0] if enc is not None else None,
+            dec_util=dec[0] if dec is not None else None,
+            ecc_sbe_volatile=ecc(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+            ecc_dbe_volatile=ecc(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+            ecc_sbe_aggregate=ecc(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+            ecc_dbe_aggregate=ecc(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+            retired_pages_sbe=len(retired_sbe) if retired_sbe is not None else None,
+            retired_pages_dbe=len(retired_dbe) if retired_dbe is not None else None,
+            retired_pages_pending=bool(pending) if pending is not None else None,
+            remapped_rows_correctable=remap[0] if remap is not None else None,
+            remapped_rows_uncorrectable=remap[1] if remap is not None else None,
+            remapped_rows_pending=bool(remap[2]) if remap is not None else None,
+            remapped_rows_failure=bool(remap[3]) if remap is not None else None,
+            clock_event_reasons=o(pynvml.nvmlDeviceGetCurrentClocksEventReasons, h),
+            pstate=o(pynvml.nvmlDeviceGetPerformanceState, h),
+            processes=tuple((int(p.pid), int(p.usedGpuMemory or 0) // MIB) for p in procs),
+        )
+
+    # -- events --------------------------------------------------------------------------------------------
+    def events(
+        self, mask: int = HEALTH_EVENTS, indices: Sequence[int] | None = None
+    ) -> AsyncIterator[HealthEvent]:
+        """Health events from every (or the given) GPU, as an async iterator fed by its own thread."""
+        return EventPump(
+            self._pool, self._make_event_set(mask, indices), self._wait_event, self._free_event_set
+        ).run()
+
+    def _make_event_set(self, mask: int, indices: Sequence[int] | None) -> Callable[[], Any]:
+        def create() -> Any:
+            es = _call(pynvml.nvmlEventSetCreate)
+            for i in indices if indices is not None else range(self._count):
+                try:
+                    h = self._handle(i)
+                    supported = _call(pynvml.nvmlDeviceGetSupportedEventTypes, h)
+                    _call(pynvml.nvmlDeviceRegisterEvents, h, mask & supported, es)
+                except (errors.GpuLost, errors.NotSupported):
+                    continue
+            return es
+
+        return create
+
+    def _wait_event(self, es: Any, timeout_ms: int) -> HealthEvent | None:
+        try:
+            data = pynvml.nvmlEventSetWait_v2(es, timeout_ms)
+        except pynvml.NVMLError as exc:
+            err = _translate(exc)
+            if isinstance(err, errors.Timeout):
+                return None
+            raise err from None
+        addr = _addr(data.device)
+        index = next((i for i, h in self._handles.items() if _addr(h) == addr), -1)
+        etype = int(data.eventType)
+        kind = {
+            pynvml.nvmlEventTypeXidCriticalError: EventKind.XID,
+            pynvml.nvmlEventTypeSingleBitEccError: EventKind.SINGLE_BIT_ECC,
+            pynvml.nvmlEventTypeDoubleBitEccError: EventKind.DOUBLE_BIT_ECC,
+            0x100: EventKind.MIG_CONFIG,
+        }.get(etype, EventKind.OTHER)
+        gi = int(data.gpuInstanceId)
+        ci = int(data.computeInstanceId)
+        return HealthEvent(
+            gpu_index=index,
+            gpu_uuid=self._uuids.get(index, ""),
+            kind=kind,
+            xid=int(data.eventData) if kind is EventKind.XID else None,
+            data=int(data.eventData),
+            gi_id=None if gi == 0xFFFFFFFF else gi,
+            ci_id=None if ci == 0xFFFFFFFF else ci,
+        )
+
+    def _free_event_set(self, es: Any) -> None:
+        try:
+            pynvml.nvmlEventSetFree(es)
+        except pynvml.NVMLError:
+            pass
