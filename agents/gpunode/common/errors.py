@@ -1,0 +1,37 @@
+"""The two errors that end a process with exit code 2 (usage or configuration).
+
+They live in this dependency-free module so that :mod:`gpunode.common.runtime` can map them to exit
+codes without importing pydantic or argparse; import them from :mod:`gpunode.common.config` and
+:mod:`gpunode.common.cli` as usual.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+__all__ = ["ConfigError", "UsageError"]
+
+
+class UsageError(Exception):
+    """A bad command line or environment variable; the process exits 2 with this message."""
+
+
+class ConfigError(Exception):
+    """A configuration file (or text) that cannot be used; lists every problem found.
+
+    ``path`` names the file (or the source name given to ``parse_config_text``); ``problems`` holds
+    one ``"yaml.path: message"`` string per problem. ``str()`` gives one problem per line.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], problems: Iterable[str]) -> None:
+        self.path = os.fspath(path)
+        self.problems: tuple[str, ...] = tuple(problems) or ("invalid configuration",)
+        super().__init__(self.path, self.problems)
+
+    def __str__(self) -> str:
+        if len(self.problems) == 1:
+            return f"{self.path}: {self.problems[0]}"
+        lines = [f"{self.path}: {len(self.problems)} problems:"]
+        lines.extend(f"  {problem}" for problem in self.problems)
+        return "\n".join(lines)

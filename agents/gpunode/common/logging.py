@@ -1,0 +1,197 @@
+"""Structured logging: one event per line, JSON unless a person is watching a terminal.
+
+Every record, whether it comes from structlog (``get_logger(__name__).info("device_unhealthy", ...)``) or
+from a library using the standard ``logging`` module (grpc, asyncio), goes through one root handler
+whose ``structlog.stdlib.ProcessorFormatter`` renders it the same way, with ``agent``, ``node`` and
+``version`` added to every line. Keys: ``event`` (constant snake_case name), ``level``, ``logger``,
+``ts`` (RFC 3339 UTC, milliseconds), then the event's own fields; exceptions as an ``exception`` string.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Literal, TextIO
+
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+__all__ = ["LOG_LEVELS", "configure_logging", "get_logger", "parse_level"]
+
+LogFormat = Literal["json", "console"]
+
+LOG_LEVELS: dict[str, int] = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
+
+_HANDLER_MARK = "_gpunode_handler"
+_structlog_ready = False
+
+
+def parse_level(level: str | int) -> int:
+    """``"info"``/``"INFO"``/``20`` -> ``logging.INFO``; ``ValueError`` naming the valid levels otherwise."""
+    if isinstance(level, int):
+        return level
+    try:
+        return LOG_LEVELS[level.strip().lower()]
+    except KeyError:
+        valid = ", ".join(name for name in LOG_LEVELS if name != "warn")
+        raise ValueError(f"invalid log level {level!r}: must be one of {valid}") from None
+
+
+def _add_timestamp(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    if "ts" not in event_dict:
+        now = _dt.datetime.now(_dt.UTC)
+        event_dict["ts"] = now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return event_dict
+
+
+class _StaticFields:
+    """Adds the process-wide fields (agent, node, version) to every event, from any thread."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __call__(self, _: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+        for key, value in self.fields.items():
+            event_dict.setdefault(key, value)
+        return event_dict
+
+
+def _shared_processors() -> list[Processor]:
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        _add_timestamp,
+    ]
+
+
+def _ensure_structlog() -> None:
+    """Route structlog through the standard library once; the handler decides the format.
+
+    The structlog side never changes afterwards, so loggers may be created at import time and cached
+    on first use; ``configure_logging`` only swaps the root handler and level.
+    """
+    global _structlog_ready
+    if _structlog_ready:
+        return
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_shared_processors(),
+            structlog.stdlib.PositionalArgumentsFormatter(),
+            structlog.processors.StackInfoRenderer(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        context_class=dict,
+        cache_logger_on_first_use=True,
+    )
+    _structlog_ready = True
+
+
+def get_logger(name: str | None = None, **initial_values: Any) -> structlog.stdlib.BoundLogger:
+    """A structlog logger named ``name`` (use ``__name__``), optionally with fields bound."""
+    _ensure_structlog()
+    logger: structlog.stdlib.BoundLogger = structlog.stdlib.get_logger(name, **initial_values)
+    return logger
+
+
+def _wants_console(fmt: LogFormat | None, stream: TextIO) -> bool:
+    if fmt is not None:
+        return fmt == "console"
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if isatty is not None else False
+    except (ValueError, OSError):  # closed or odd stream
+        return False
+
+
+def configure_logging(
+    fmt: LogFormat | None = None,
+    level: str | int = "info",
+    agent: str = "gpunode",
+    node: str | None = None,
+    *,
+    stream: TextIO | None = None,
+    version: str | None = None,
+    extra_fields: MutableMapping[str, Any] | None = None,
+) -> None:
+    """Send every log record (structlog and stdlib) to ``stream`` (default stderr) as one line each.
+
+    ``fmt`` None picks console when the stream is a TTY, JSON otherwise. ``agent``, ``node`` and
+    ``version`` (default: the package version) are added to every line. Calling it again replaces the
+    previous configuration instead of adding a second handler.
+    """
+    _ensure_structlog()
+    numeric_level = parse_level(level)
+    out: TextIO = stream if stream is not None else sys.stderr
+    console = _wants_console(fmt, out)
+
+    if version is None:
+        from gpunode import __version__ as version
+
+    fields: dict[str, Any] = {"agent": agent, "node": node, "version": version}
+    if extra_fields:
+        fields.update(extra_fields)
+
+    renderer: Processor
+    final: list[Processor] = [
+        structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+        _StaticFields(fields),
+    ]
+    if console:
+        colors = bool(getattr(out, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
+        # plain tracebacks: the rich one prints local variables, which may hold secrets
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=colors, timestamp_key="ts", exception_formatter=structlog.dev.plain_traceback
+        )
+    else:
+        final += [structlog.processors.format_exc_info, _order_keys]
+        renderer = structlog.processors.JSONRenderer(default=_json_fallback)
+    final.append(renderer)
+
+    formatter = structlog.stdlib.ProcessorFormatter(
+        processors=final,
+        foreign_pre_chain=[*_shared_processors(), structlog.stdlib.ExtraAdder()],
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    setattr(handler, _HANDLER_MARK, True)
+
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        if getattr(old, _HANDLER_MARK, False):
+            root.removeHandler(old)
+            old.close()
+    root.addHandler(handler)
+    root.setLevel(numeric_level)
+    logging.captureWarnings(True)
+
+
+_FIRST_KEYS = ("ts", "level", "event", "logger", "agent", "node", "version")
+
+
+def _order_keys(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Put the fixed keys first so JSON lines read well; the event's own fields follow."""
+    ordered: EventDict = {key: event_dict.pop(key) for key in _FIRST_KEYS if key in event_dict}
+    ordered.update(event_dict)
+    return ordered
+
+
+def _json_fallback(value: object) -> object:
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return repr(value)
