@@ -6,6 +6,7 @@ Facts follow NVIDIA's MIG user guide and mig-parted's profile grammar (see share
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -146,6 +147,7 @@ def round_half_away(x: Fraction) -> int:
     return math.floor(x + Fraction(1, 2)) if x >= 0 else -math.floor(-x + Fraction(1, 2))
 
 
+@functools.lru_cache(maxsize=1024)
 def memory_gb_for_name(device_total_bytes: int, gi_memory_mib: int) -> int:
     """The GB number in a MIG profile name, computed the way mig-parted / go-nvlib do.
 
@@ -157,6 +159,7 @@ def memory_gb_for_name(device_total_bytes: int, gi_memory_mib: int) -> int:
     return round_half_away(Fraction(eighths, 8) * total_gib)
 
 
+@functools.lru_cache(maxsize=1024)
 def gi_profile_name(enum: int, device_total_bytes: int, gi_memory_mib: int) -> str:
     g, attrs = GI_ENUMS[enum]
     gb = memory_gb_for_name(device_total_bytes, gi_memory_mib)
@@ -165,6 +168,7 @@ def gi_profile_name(enum: int, device_total_bytes: int, gi_memory_mib: int) -> s
     return str(MigProfileName(g=g, gb=gb, c=g, attrs=pos, negative=neg))
 
 
+@functools.lru_cache(maxsize=1024)
 def ci_profile_name(gi_name: str, ci_slices: int) -> str:
     parsed = parse_profile(gi_name)
     return str(MigProfileName(parsed.g, parsed.gb, ci_slices, parsed.attrs, parsed.negative))

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from gpunode.common.hostpaths import HostPaths
 from gpunode.nvml import errors, mig
 from gpunode.nvml.api import (
     ARCHITECTURES,
@@ -44,15 +45,6 @@ from gpunode.nvml.events import EventPump
 T = TypeVar("T")
 MIB = 1 << 20
 LIBRARY_NAME = "libnvidia-ml.so.1"
-# Where a driver root (a driver container's /run/nvidia/driver, or a host mount) keeps libnvidia-ml.
-LIBRARY_DIRS = (
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "lib64",
-    "usr/lib",
-    "lib",
-)
 
 _install_lock = threading.Lock()
 
@@ -74,14 +66,6 @@ def installed_library() -> Any:
     return pynvml.nvmlLib
 
 
-def find_driver_library(driver_root: Path) -> Path | None:
-    for rel in LIBRARY_DIRS:
-        candidate = driver_root / rel / LIBRARY_NAME
-        if candidate.exists():
-            return candidate
-    return None
-
-
 def load_driver_library(driver_root: Path | str | None) -> None:
     """Load libnvidia-ml from a driver root; pynvml itself only knows the bare name `libnvidia-ml.so.1`.
 
@@ -92,12 +76,12 @@ def load_driver_library(driver_root: Path | str | None) -> None:
         return
     if driver_root is None or Path(driver_root) == Path("/"):
         return
-    root = Path(driver_root)
-    path = find_driver_library(root)
+    paths = HostPaths(driver_root=driver_root)
+    path = paths.find_driver_lib(LIBRARY_NAME)
     if path is None:
-        searched = ", ".join(str(root / d) for d in LIBRARY_DIRS)
+        searched = ", ".join(str(d) for d in paths.driver_lib_dirs())
         raise errors.LibraryNotFound(
-            f"{LIBRARY_NAME} not found under driver root {root} (searched {searched})"
+            f"{LIBRARY_NAME} not found under driver root {driver_root} (searched {searched})"
         )
     try:
         lib = ctypes.CDLL(str(path))
@@ -565,7 +549,6 @@ class RealNvml:
         mode = _optional(pynvml.nvmlDeviceGetMigMode, h)
         if mode is None or not mode[0]:
             return []
-        total = self._total_bytes(index)
         gi_profiles: dict[int, GiProfile] = {}
         out = []
         for slot in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, h)):
@@ -584,7 +567,6 @@ class RealNvml:
                 gi_profiles[gi_id] = self._profile_by_id(index, info.profileId)
             gi = gi_profiles[gi_id]
             attrs = _call(pynvml.nvmlDeviceGetAttributes_v2, m)
-            gi_name = mig.gi_profile_name(gi.enum, total, gi.memory_mib)
             out.append(
                 MigDevice(
                     parent_index=index,
@@ -592,7 +574,7 @@ class RealNvml:
                     index=slot,
                     uuid=_call(pynvml.nvmlDeviceGetUUID, m),
                     name=_call(pynvml.nvmlDeviceGetName, m),
-                    profile=mig.ci_profile_name(gi_name, attrs.computeInstanceSliceCount),
+                    profile=mig.ci_profile_name(gi.name, attrs.computeInstanceSliceCount),
                     gi_id=gi_id,
                     ci_id=_call(pynvml.nvmlDeviceGetComputeInstanceId, m),
                     memory_mib=int(attrs.memorySizeMB),

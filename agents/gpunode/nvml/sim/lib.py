@@ -45,7 +45,7 @@ CI_PROFILE_INFO_V2 = 0x02000088
 CI_PROFILE_INFO_V3 = 0x03000088
 MIB = 1 << 20
 
-TOPO_INTERNAL, TOPO_SINGLE, TOPO_MULTIPLE, TOPO_HOSTBRIDGE, TOPO_NODE, TOPO_SYSTEM = 0, 10, 20, 30, 40, 50
+TOPO_INTERNAL, TOPO_MULTIPLE, TOPO_NODE, TOPO_SYSTEM = 0, 20, 40, 50
 NVLINK_DEVICE_GPU, NVLINK_DEVICE_SWITCH = 0x00, 0x02
 FIELD_TOTAL_ENERGY = 83
 FIELD_POWER_INSTANT = 186
@@ -65,35 +65,45 @@ def _is_pointer(a: Any) -> bool:
     return isinstance(a, (CArgObject, ctypes._Pointer, ctypes.Array))
 
 
-def _check(name: str, kinds: str, args: tuple[Any, ...]) -> None:
-    if len(args) != len(kinds):
-        raise StrictModeViolation(f"{name}: expected {len(kinds)} arguments, got {len(args)}")
-    for i, (k, a) in enumerate(zip(kinds, args, strict=True)):
-        ok = True
-        if k == "h":
-            ok = isinstance(a, ctypes._Pointer)
-        elif k == "v":
-            ok = isinstance(a, int) or (
-                isinstance(a, ctypes._SimpleCData) and not isinstance(a, ctypes.c_char_p)
-            )
-        elif k == "p":
-            ok = _is_pointer(a)
-        elif k == "n":
-            ok = a is None or _is_pointer(a)
-        elif k == "s":
-            ok = isinstance(a, ctypes.Array) and getattr(a, "_type_", None) is ctypes.c_char
-        elif k == "c":
-            ok = isinstance(a, (bytes, ctypes.c_char_p))
-        if not ok:
-            what = {
-                "h": "a handle by value",
-                "v": "a scalar by value",
-                "p": "a pointer (byref)",
-                "n": "a pointer or NULL",
-                "s": "a char buffer",
-                "c": "a const char*",
-            }[k]
-            raise StrictModeViolation(f"{name}: argument {i + 1} must be {what}, got {type(a).__name__}")
+_KIND_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    "h": ((ctypes._Pointer,), False),
+    "v": ((int, ctypes._SimpleCData), False),
+    "p": ((CArgObject, ctypes._Pointer, ctypes.Array), False),
+    "n": ((CArgObject, ctypes._Pointer, ctypes.Array), True),
+    "s": ((ctypes.Array,), False),
+    "c": ((bytes, ctypes.c_char_p), False),
+}
+_KIND_TEXT = {
+    "h": "a handle by value",
+    "v": "a scalar by value",
+    "p": "a pointer (byref)",
+    "n": "a pointer or NULL",
+    "s": "a char buffer",
+    "c": "a const char*",
+}
+
+
+def _spec(kinds: str) -> _Spec:
+    return tuple(_KIND_TYPES[k] for k in kinds)
+
+
+_Spec = tuple[tuple[tuple[type, ...], bool], ...]
+
+
+def _check(name: str, kinds: str, spec: _Spec, args: tuple[Any, ...]) -> None:
+    if len(args) != len(spec):
+        raise StrictModeViolation(f"{name}: expected {len(spec)} arguments, got {len(args)}")
+    for i, (a, (types, nullable)) in enumerate(zip(args, spec, strict=False)):
+        if isinstance(a, types) or (nullable and a is None):
+            k = kinds[i]
+            if k == "v" and isinstance(a, ctypes.c_char_p):
+                pass  # a string is no scalar
+            elif k == "s" and getattr(a, "_type_", None) is not ctypes.c_char:
+                pass
+            else:
+                continue
+        what = _KIND_TEXT[kinds[i]]
+        raise StrictModeViolation(f"{name}: argument {i + 1} must be {what}, got {type(a).__name__}")
 
 
 def _out(a: Any) -> Any:
@@ -110,7 +120,13 @@ def _val(a: Any) -> int:
 
 
 def _addr(handle: Any) -> int | None:
-    return ctypes.cast(handle, ctypes.c_void_p).value
+    try:
+        return ctypes.addressof(handle.contents)  # the fastest way to read a pointer's value
+    except (ValueError, AttributeError, TypeError):  # NULL, or not a pointer (lenient mode)
+        try:
+            return ctypes.cast(handle, ctypes.c_void_p).value
+        except ctypes.ArgumentError:
+            return None
 
 
 def _text(a: Any) -> str:
@@ -129,10 +145,11 @@ def _put_str(buf: Any, length: Any, text: str) -> int:
 class _Symbol:
     """One exported C function: accepts restype/argtypes like a ctypes function, counts calls."""
 
-    __slots__ = ("argtypes", "calls", "fn", "kinds", "lib", "name", "restype")
+    __slots__ = ("argtypes", "calls", "fn", "kinds", "lib", "name", "restype", "spec")
 
     def __init__(self, lib: FakeNvmlLib, name: str, kinds: str, fn: Callable[..., Any]) -> None:
         self.lib, self.name, self.kinds, self.fn = lib, name, kinds, fn
+        self.spec = _spec(kinds)
         self.restype: Any = ctypes.c_int
         self.argtypes: Any = None
         self.calls = 0
@@ -140,7 +157,7 @@ class _Symbol:
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
         if self.lib.strict:
-            _check(self.name, self.kinds, args)
+            _check(self.name, self.kinds, self.spec, args)
         return self.fn(*args)
 
 
@@ -660,9 +677,7 @@ class FakeNvmlLib:
             level = TOPO_INTERNAL
         elif a.pcie_switch == b.pcie_switch:
             level = TOPO_MULTIPLE
-        elif a.numa_node == b.numa_node:
-            level = TOPO_HOSTBRIDGE
-        elif a.socket == b.socket:
+        elif a.socket == b.socket:  # other root ports of the same CPU
             level = TOPO_NODE
         else:
             level = TOPO_SYSTEM

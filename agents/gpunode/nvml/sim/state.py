@@ -6,6 +6,7 @@ return NVML return codes, so the C surface in `lib.py` stays a thin translation 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import time
@@ -29,6 +30,12 @@ EVENT_CLOCK = 0x10
 EVENT_MIG_CONFIG = 0x100
 
 INIT_FAULTS = {"library-not-found": codes.LIBRARY_NOT_FOUND, "driver-not-loaded": codes.DRIVER_NOT_LOADED}
+
+
+@functools.lru_cache(maxsize=4096)
+def _derived_uuid(prefix: str, name: str) -> str:
+    """Stable per node: the same node id always yields the same GPU and MIG UUIDs."""
+    return prefix + str(uuidlib.uuid5(uuidlib.NAMESPACE_OID, name))
 
 
 class StateError(Exception):
@@ -177,10 +184,10 @@ class NodeState:
         return self.spec.gpus[gpu].product
 
     def gpu_uuid(self, gpu: int) -> str:
-        return "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_OID, f"{self.node_id}/gpu/{gpu}"))
+        return _derived_uuid("GPU-", f"{self.node_id}/gpu/{gpu}")
 
     def mig_uuid(self, gpu: int, gi: int, ci: int) -> str:
-        return "MIG-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_OID, f"{self.node_id}/gpu/{gpu}/gi/{gi}/ci/{ci}"))
+        return _derived_uuid("MIG-", f"{self.node_id}/gpu/{gpu}/gi/{gi}/ci/{ci}")
 
     def serial(self, gpu: int) -> str:
         digest = int(hashlib.sha256(f"{self.node_id}/serial/{gpu}".encode()).hexdigest(), 16)
