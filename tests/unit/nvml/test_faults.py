@@ -218,3 +218,28 @@ async def test_cancelling_the_event_iterator_leaves_nothing_running(nvml_sim: si
     for t in [t for t in threading.enumerate() if t.name.startswith("nvml-events")]:
         await asyncio.to_thread(t.join, 2)
     assert not any(t.name.startswith("nvml-events") for t in threading.enumerate())
+
+
+def test_mig_config_changes_reach_only_event_sets_that_asked(nvml_sim: sim.FakeNvmlLib) -> None:
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    mig_es = _event_set(0, mask=pynvml.nvmlEventTypeXidCriticalError | 0x100)
+    xid_only = _event_set(0)
+    pynvml.nvmlDeviceSetMigMode(h, 1)
+    with nvml_sim.node.mutate() as state:
+        state.reset_gpu(0)
+    gi = pynvml.nvmlDeviceCreateGpuInstance(h, 19)
+    pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+    gi_id = pynvml.nvmlGpuInstanceGetInfo(gi).id
+    first = pynvml.nvmlEventSetWait_v2(mig_es, 0)
+    second = pynvml.nvmlEventSetWait_v2(mig_es, 0)
+    assert (first.eventType, first.gpuInstanceId, first.computeInstanceId) == (0x100, gi_id, 0xFFFFFFFF)
+    assert (second.eventType, second.gpuInstanceId, second.computeInstanceId) == (0x100, gi_id, 0)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(xid_only, 0)
+    assert pynvml.nvmlDeviceGetSupportedEventTypes(h) & 0x100
+    t4 = sim.install("t4x4")
+    assert t4 is not nvml_sim
+    pynvml.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # no MIG, so no MIG events to ask for
+        _event_set(0, mask=0x100)
