@@ -1,0 +1,1 @@
+"""Generated package deviceplugin; never hand-edited."""

@@ -1,0 +1,1 @@
+"""Generated package deviceplugin.v1beta1; never hand-edited."""

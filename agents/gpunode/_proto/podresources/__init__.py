@@ -1,0 +1,1 @@
+"""Generated package podresources; never hand-edited."""

@@ -1,0 +1,1 @@
+"""Generated package podresources.v1; never hand-edited."""
