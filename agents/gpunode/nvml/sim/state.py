@@ -38,7 +38,7 @@ def _derived_uuid(prefix: str, name: str) -> str:
     return prefix + str(uuidlib.uuid5(uuidlib.NAMESPACE_OID, name))
 
 
-class StateError(Exception):
+class StateError(ValueError):
     """The state file is unreadable, corrupt or not ours."""
 
 

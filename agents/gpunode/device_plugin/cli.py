@@ -1,0 +1,227 @@
+"""gpunode-device-plugin: advertise NVIDIA GPUs (and MIG devices, and time-sliced replicas) to the kubelet."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, parse_bool, values_from_model
+from gpunode.common.config import ConfigError
+from gpunode.common.errors import UsageError
+from gpunode.common.hostpaths import HostPaths
+from gpunode.common.http import default_listen_host
+from gpunode.common.logging import configure_logging
+from gpunode.common.runtime import run
+from gpunode.device_plugin.config import (
+    PluginConfig,
+    PluginSettings,
+    parse_device_list_strategy,
+    settings_from_config,
+)
+from gpunode.device_plugin.health import HealthConfigError, XidPolicy
+from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
+
+DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
+
+
+def duration(text: str) -> float:
+    """Seconds, or a number with s/m/h: "300", "5m", "90s"."""
+    t = text.strip().lower()
+    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:])
+    value = float(t[:-1] if scale else t) * (scale or 1.0)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+def flag_set() -> FlagSet:
+    f = FlagSet(prog="gpunode-device-plugin", description=__doc__)
+    add_common_flags(f)
+    f.add(
+        "--mig-strategy",
+        env="MIG_STRATEGY",
+        choices=("none", "single", "mixed"),
+        default="none",
+        file_key="flags.migStrategy",
+        help="how MIG devices are advertised",
+    )
+    f.add(
+        "--fail-on-init-error",
+        env="FAIL_ON_INIT_ERROR",
+        type=bool,
+        default=True,
+        file_key="flags.failOnInitError",
+        help="exit when NVML cannot start; false: stay up, not ready, advertising nothing",
+    )
+    f.add(
+        "--dev-root",
+        env="NVIDIA_DEV_ROOT",
+        metavar="DIR",
+        file_key="flags.nvidiaDevRoot",
+        help="where /dev/nvidia* live (default: the driver root)",
+    )
+    f.add(
+        "--pass-device-specs",
+        env="PASS_DEVICE_SPECS",
+        type=bool,
+        default=False,
+        file_key="flags.plugin.passDeviceSpecs",
+        help="also hand the device nodes to the runtime",
+    )
+    f.add(
+        "--device-list-strategy",
+        env="DEVICE_LIST_STRATEGY",
+        type=parse_device_list_strategy,
+        default=("envvar",),
+        file_key="flags.plugin.deviceListStrategy",
+        help="envvar, volume-mounts, cdi-annotations, cdi-cri, or a comma-separated combination",
+    )
+    f.add(
+        "--device-id-strategy",
+        env="DEVICE_ID_STRATEGY",
+        choices=("uuid", "index"),
+        default="uuid",
+        file_key="flags.plugin.deviceIDStrategy",
+        help="how devices are named to the runtime",
+    )
+    f.add(
+        "--cdi-annotation-prefix",
+        env="CDI_ANNOTATION_PREFIX",
+        default="cdi.k8s.io/",
+        file_key="flags.plugin.cdiAnnotationPrefix",
+        help="prefix of CDI annotations",
+    )
+    f.add(
+        "--shared-devices-allocation-policy",
+        env="SHARED_DEVICES_ALLOCATION_POLICY",
+        choices=("distributed", "packed"),
+        default="distributed",
+        file_key="flags.plugin.sharedDevicesAllocationPolicy",
+        help="how replicas and MIG devices are chosen",
+    )
+    f.add(
+        "--kubelet-socket",
+        env="KUBELET_SOCKET",
+        default=DEFAULT_KUBELET_SOCKET,
+        metavar="PATH",
+        help='the kubelet registration socket; "" serves without registering',
+    )
+    f.add(
+        "--health-recovery-period",
+        env="DP_HEALTH_RECOVERY_PERIOD",
+        type=duration,
+        default=300.0,
+        metavar="DURATION",
+        help="quiet time before an Unhealthy GPU is Healthy again; 0 never",
+    )
+    f.add(
+        "--host-root",
+        env="GPUNODE_HOST_ROOT",
+        default="/",
+        metavar="DIR",
+        help="where the host's /sys and /proc are mounted",
+    )
+    f.add(
+        "--http-port",
+        env="GPUNODE_HTTP_PORT",
+        type=int,
+        default=9451,
+        metavar="PORT",
+        help="port of /healthz, /readyz and /metrics (0: any free port, -1: off)",
+    )
+    # NVIDIA's aliases, accepted unchanged
+    f.parser.add_argument(
+        "--nvidia-driver-root", dest="driver_root", default=argparse.SUPPRESS, help="alias of --driver-root"
+    )
+    f.parser.add_argument(
+        "--nvidia-dev-root", dest="dev_root", default=argparse.SUPPRESS, help="alias of --dev-root"
+    )
+    return f
+
+
+OVERRIDE_KEYS = {
+    "mig_strategy": "mig_strategy",
+    "fail_on_init_error": "fail_on_init_error",
+    "pass_device_specs": "pass_device_specs",
+    "device_list_strategy": "device_list_strategies",
+    "device_id_strategy": "device_id_strategy",
+    "cdi_annotation_prefix": "cdi_annotation_prefix",
+    "shared_devices_allocation_policy": "shared_allocation_policy",
+    "driver_root": "driver_root",
+    "dev_root": "dev_root",
+}
+
+
+def settings_loader(flags: FlagSet, args: Mapping[str, Any], environ: Mapping[str, str]) -> Any:
+    """Settings for a (re)loaded config file, with flags and env vars still taking precedence."""
+
+    def load(config: PluginConfig | None) -> PluginSettings:
+        values, _ = flags.resolve(args, environ, values_from_model(flags.flags.values(), config))
+        overrides = {OVERRIDE_KEYS[k]: v for k, v in values.items() if k in OVERRIDE_KEYS and v is not None}
+        return settings_from_config(config, overrides)
+
+    return load
+
+
+def check_simulation(preset: str | None, state: str | None) -> None:
+    """Bad simulator arguments are usage errors (exit 2), found before anything starts."""
+    if preset is None and state is None:
+        return
+    from gpunode.nvml import sim
+
+    if preset is not None:
+        sim.get_preset(preset)
+    if state is not None and Path(state).exists():
+        node = sim.read_state_file(Path(state))
+        if preset is not None and node.preset != preset:
+            raise ValueError(f"{state}: holds preset {node.preset!r}, not {preset!r}")
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    env = dict(os.environ if environ is None else environ)
+    flags = flag_set()
+    parsed = flags.parse(argv, env, config_model=PluginConfig)
+    values = parsed.values
+    configure_logging(
+        values["log_format"], values["log_level"], agent="device-plugin", node=values["node_name"]
+    )
+    try:
+        check_simulation(values.get("simulate"), values.get("sim_state"))
+        policy = XidPolicy.from_env(env)
+        load = settings_loader(flags, parsed.args, env)
+        settings = load(parsed.config)
+    except (HealthConfigError, ValueError, ConfigError, LookupError) as exc:
+        print(f"gpunode-device-plugin: error: {exc}", file=sys.stderr)
+        return 2
+    log_effective_config(values, parsed.sources, flags=flags.flags.values(), health_checks=str(policy))
+    kubelet = values["kubelet_socket"]
+    config_file = values.get("config_file")
+    opts = AgentOptions(
+        kubelet_socket=Path(kubelet) if kubelet else None,
+        config_file=Path(config_file) if config_file else None,
+        load_settings=load,
+        host=HostPaths(root=values["host_root"]),
+        recovery_period=values["health_recovery_period"],
+        policy=policy,
+        http_host=default_listen_host(env),
+        http_port=None if values["http_port"] < 0 else values["http_port"],
+    )
+
+    async def open_nvml() -> Any:
+        from gpunode.nvml import open_nvml as open_
+
+        return await open_(settings.driver_root, values.get("simulate"), values.get("sim_state"))
+
+    plugin = DevicePlugin(opts, open_nvml, settings, parsed.config)
+    return run(plugin.run())
+
+
+def _bool(text: str) -> bool:  # pragma: no cover - kept for symmetry with NVIDIA's urfave/cli
+    return parse_bool(text)
+
+
+__all__ = ["UsageError", "main"]

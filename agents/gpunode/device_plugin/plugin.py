@@ -1,0 +1,468 @@
+"""The device plugin agent: inventory -> resources -> gRPC servers -> kubelet registration, kept current.
+
+One TaskGroup of named tasks: registrar, kubelet directory watch, self-check, NVML events (health and MIG
+changes), health probe (lost GPUs, recovery), config watch, SIGHUP reload, HTTP endpoint, watchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gpunode.common import sdnotify
+from gpunode.common.config import ConfigError
+from gpunode.common.hostpaths import HostPaths
+from gpunode.common.http import HealthServer
+from gpunode.common.logging import get_logger
+from gpunode.common.metrics import create_metrics
+from gpunode.common.runtime import on_sighup, supervise
+from gpunode.device_plugin.config import PluginConfig, PluginSettings
+from gpunode.device_plugin.devices import DeviceConfigError, Resource, build_inventory, parse_mig_minors
+from gpunode.device_plugin.health import HealthTracker, XidPolicy
+from gpunode.device_plugin.metrics import DevicePluginMetrics
+from gpunode.device_plugin.registration import (
+    Backoff,
+    RegistrationFailed,
+    register,
+    sleep_or,
+    watch_directory,
+)
+from gpunode.device_plugin.server import ResourceServer, SharedState
+from gpunode.nvml import errors
+from gpunode.nvml.api import EVENT_DBE, EVENT_MIG_CONFIG, EVENT_SBE, EVENT_XID, EventKind, GpuInfo, Nvml
+
+AGENT = "device-plugin"
+EVENT_MASK = EVENT_XID | EVENT_SBE | EVENT_DBE | EVENT_MIG_CONFIG
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """Everything the agent needs that is not in the plugin settings."""
+
+    kubelet_socket: Path | None  # None: serve but never register (NVIDIA's --kubelet-socket="")
+    config_file: Path | None
+    load_settings: Callable[[PluginConfig | None], PluginSettings]  # precedence applied by the CLI
+    host: HostPaths = field(default_factory=HostPaths)
+    recovery_period: float = 300.0
+    policy: XidPolicy = field(default_factory=XidPolicy)
+    http_host: str = "127.0.0.1"
+    http_port: int | None = 0  # None: no HTTP endpoint
+    self_check_interval: float = 5.0
+    probe_interval: float = 10.0
+    nvml_retry_interval: float = 30.0
+
+    @property
+    def plugin_dir(self) -> Path:
+        if self.kubelet_socket is not None:
+            return self.kubelet_socket.parent
+        return self.host.host("/var/lib/kubelet/device-plugins")
+
+
+class DevicePlugin:
+    def __init__(
+        self,
+        opts: AgentOptions,
+        open_nvml: Callable[[], Awaitable[Nvml]],
+        settings: PluginSettings,
+        config: PluginConfig | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.opts = opts
+        self.open_nvml = open_nvml
+        self.config = config
+        self.clock = clock
+        self.log = get_logger("gpunode.device_plugin")
+        self.base_metrics = create_metrics(AGENT)
+        self.metrics = DevicePluginMetrics(self.base_metrics)
+        self.state = SharedState(
+            settings=settings,
+            health=HealthTracker(recovery_period=opts.recovery_period),
+            metrics=self.metrics,
+            dev_root=Path(settings.dev_root),
+        )
+        self.http = (
+            HealthServer(self.base_metrics.registry, host=opts.http_host, port=opts.http_port)
+            if opts.http_port is not None
+            else None
+        )
+        self.nvml: Nvml | None = None
+        self.gpus: list[GpuInfo] = []
+        self.servers: dict[str, ResourceServer] = {}
+        self.pending: set[str] = set()
+        self.kick = asyncio.Event()
+        self.rebuild = asyncio.Event()
+        self.ready = asyncio.Event()
+        self._config_digest = self._digest()
+        self._lock = asyncio.Lock()
+        self._silent_since: dict[str, float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        if self.http is not None:
+            self.http.add_check(
+                "nvml", lambda: (self.nvml is not None, "" if self.nvml else "NVML unavailable")
+            )
+            self.http.add_check("registered", self._registered_check)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                if self.http is not None:
+                    tg.create_task(self.http.serve(), name="http")
+                tg.create_task(sdnotify.watchdog_task(), name="watchdog")
+                self.nvml = await self._open_nvml()
+                await self.reconcile(initial=True)
+                tg.create_task(self._registrar(), name="registrar")
+                if self.opts.kubelet_socket is not None:
+                    tg.create_task(
+                        self._supervised("kubelet-watch", self._kubelet_watch), name="kubelet-watch"
+                    )
+                tg.create_task(self._self_check(), name="self-check")
+                tg.create_task(self._supervised("nvml-events", self._events), name="nvml-events")
+                tg.create_task(self._supervised("health-probe", self._prober), name="health-probe")
+                tg.create_task(self._rebuilder(), name="rebuild")
+                if self.opts.config_file is not None:
+                    tg.create_task(self._supervised("config-watch", self._config_watch), name="config-watch")
+                tg.create_task(on_sighup(self.reload, metrics=self.base_metrics, log=self.log), name="sighup")
+        finally:
+            sdnotify.notify(stopping=True, status="stopping")
+            await self._stop_all()
+            if self.nvml is not None:
+                await self.nvml.close()
+
+    def _registered_check(self) -> tuple[bool, str]:
+        if not self.servers:
+            return (True, "no devices to advertise")
+        if self.pending:
+            return (False, "not registered: " + ", ".join(sorted(self.pending)))
+        return (True, ", ".join(sorted(self.servers)))
+
+    async def _supervised(self, name: str, fn: Callable[[], Awaitable[object]]) -> None:
+        await supervise(
+            name,
+            fn,
+            metrics=self.base_metrics,
+            log=self.log,
+            initial_backoff=0.5,
+            max_backoff=30,
+            restart_on_return=True,
+        )
+
+    async def _open_nvml(self) -> Nvml:
+        """NVML, or (with --fail-on-init-error=false) wait for it, not ready and advertising nothing."""
+        try:
+            return await self.open_nvml()
+        except errors.NvmlError as exc:
+            if self.state.settings.fail_on_init_error:
+                raise
+            self.log.error(
+                "nvml_unavailable",
+                error=str(exc),
+                retry_every_s=self.opts.nvml_retry_interval,
+                hint="set --fail-on-init-error=true to exit instead",
+            )
+            sdnotify.notify(ready=True, status=f"NVML unavailable: {exc}; advertising nothing")
+        while True:
+            await asyncio.sleep(self.opts.nvml_retry_interval)
+            try:
+                nvml = await self.open_nvml()
+            except errors.NvmlError:
+                continue  # logged once above; no crash loop, no log flood
+            self.log.info("nvml_available")
+            return nvml
+
+    async def _stop_all(self) -> None:
+        for server in list(self.servers.values()):
+            with contextlib.suppress(Exception):
+                await server.stop(grace=0.2)
+        self.servers.clear()
+
+    # -- inventory and resources -----------------------------------------------------------------------
+    def _numa(self, gpu: GpuInfo) -> int | None:
+        from_sysfs = self.opts.host.read_numa_node(gpu.pci.sysfs_bus_id)
+        return from_sysfs if from_sysfs is not None else gpu.numa_node
+
+    def _mig_minors(self) -> dict[str, int] | None:
+        path = self.opts.host.proc / "driver/nvidia-caps/mig-minors"
+        try:
+            return parse_mig_minors(path.read_text())
+        except OSError:
+            return None
+
+    async def build(self, settings: PluginSettings) -> list[Resource]:
+        assert self.nvml is not None
+        gpus = await self.nvml.gpus()
+        migs = {
+            g.index: await self.nvml.mig_devices(g.index) for g in gpus if g.mig is not None and g.mig.current
+        }
+        inventory = build_inventory(gpus, migs, settings, numa=self._numa, mig_minors=self._mig_minors())
+        for warning in inventory.warnings:
+            self.log.warning("inventory_warning", detail=warning)
+        self.gpus = gpus
+        return list(inventory.resources)
+
+    async def reconcile(self, initial: bool = False, settings: PluginSettings | None = None) -> None:
+        """Bring the servers in line with the node: start new resources, update changed ones, withdraw
+        gone ones. A resource whose devices changed keeps its server; its stream sends the new list."""
+        async with self._lock:
+            assert self.nvml is not None
+            target = settings or self.state.settings
+            try:
+                resources = await self.build(target)
+            except DeviceConfigError as exc:
+                if initial:
+                    raise ConfigError(str(self.opts.config_file or "<flags>"), [str(exc)]) from None
+                self.log.error("resources_rejected", error=str(exc), keeping="the current resources")
+                self.base_metrics.count_error("resources")
+                return
+            self.state.settings = target
+            self.state.dev_root = Path(target.dev_root)
+            self.state.topology = await self.nvml.topology()
+            self.state.health.forget(g.uuid for g in self.gpus)
+            wanted = {r.name: r for r in resources if r.devices}
+            for name in list(self.servers):
+                if name not in wanted:
+                    server = self.servers.pop(name)
+                    self.pending.discard(name)
+                    await server.withdraw()
+                    await asyncio.sleep(0.05)  # let the kubelet read the empty list before the stream ends
+                    await server.stop()
+                    self.metrics.forget(name)
+                    self.log.info("resource_withdrawn", resource=name)
+            for name, resource in wanted.items():
+                existing = self.servers.get(name)
+                if existing is None:
+                    server = ResourceServer(resource, self.opts.plugin_dir, self.state)
+                    await server.start()
+                    self.servers[name] = server
+                    self.pending.add(name)
+                elif existing.resource != resource:
+                    await existing.update(resource)
+                    self.log.info("resource_updated", resource=name, devices=len(resource.devices))
+                else:
+                    await existing.update()
+            self.log.info(
+                "resources",
+                advertised={n: len(r.devices) for n, r in wanted.items()},
+                mig_strategy=target.mig_strategy,
+            )
+            if not wanted:
+                self.log.warning("no_devices", hint="no GPU matched; the plugin waits and advertises nothing")
+            self.kick.set()
+
+    # -- registration ----------------------------------------------------------------------------------
+    async def _registrar(self) -> None:
+        backoff = Backoff()
+        outage_logged = False
+        announced = False
+        while True:
+            await self.kick.wait()
+            self.kick.clear()
+            if self.opts.kubelet_socket is None:
+                self.pending.clear()
+            while self.pending:
+                name = sorted(self.pending)[0]
+                server = self.servers.get(name)
+                if server is None:
+                    self.pending.discard(name)
+                    continue
+                try:
+                    await register(self.opts.kubelet_socket, server.socket_path.name, name)  # type: ignore[arg-type]
+                except RegistrationFailed as exc:
+                    if not outage_logged:
+                        self.log.warning(
+                            "kubelet_unavailable", error=str(exc), socket=str(self.opts.kubelet_socket)
+                        )
+                        outage_logged = True
+                    await sleep_or(self.kick, backoff.next())
+                    self.kick.clear()
+                    continue
+                self.pending.discard(name)
+                self._silent_since.pop(name, None)
+                backoff.reset()
+                outage_logged = False
+                self.metrics.registered(name, time.time())
+                self.log.info("registered", resource=name, endpoint=server.socket_path.name)
+            if not announced:
+                announced = True
+                sdnotify.notify(
+                    ready=True, status=f"serving {', '.join(sorted(self.servers)) or 'no devices'}"
+                )
+            self.ready.set()
+
+    async def _restart(self, server: ResourceServer, why: str) -> None:
+        self.log.info("plugin_restarting", resource=server.name, reason=why)
+        await server.stop(grace=0.1)
+        await server.start()
+        self.pending.add(server.name)
+        self.kick.set()
+
+    async def _kubelet_watch(self) -> None:
+        assert self.opts.kubelet_socket is not None
+        kubelet = self.opts.kubelet_socket.name
+        async for event in watch_directory(self.opts.plugin_dir):
+            if event.kind == "created" and event.name == kubelet:
+                self.log.info("kubelet_restarted")
+                for server in list(self.servers.values()):
+                    if not server.socket_present():
+                        await self._restart(server, "socket removed by the kubelet")
+                self.pending.update(self.servers)
+                self.kick.set()
+            elif event.kind == "deleted":
+                for server in list(self.servers.values()):
+                    if event.name == server.socket_path.name and not server.socket_path.exists():
+                        await self._restart(server, "socket deleted")
+
+    async def _self_check(self) -> None:
+        """Belt and braces for missed inotify events: our sockets exist and the kubelet is listening."""
+        while True:
+            await asyncio.sleep(self.opts.self_check_interval)
+            now = self.clock()
+            for server in list(self.servers.values()):
+                if not server.socket_present():
+                    await self._restart(server, "self-check: socket missing")
+                    continue
+                if self.opts.kubelet_socket is None or server.name in self.pending:
+                    continue
+                if server.streams > 0:
+                    self._silent_since.pop(server.name, None)
+                    continue
+                since = self._silent_since.setdefault(server.name, now)
+                if now - since >= 2 * self.opts.self_check_interval:
+                    self.log.warning("kubelet_not_watching", resource=server.name, action="re-registering")
+                    self._silent_since.pop(server.name, None)
+                    self.pending.add(server.name)
+                    self.kick.set()
+            self.base_metrics.mark_success("self-check")
+
+    # -- health ----------------------------------------------------------------------------------------
+    async def _push_health(self, uuid: str) -> None:
+        for server in self.servers.values():
+            if any(d.physical_uuid == uuid for d in server.resource.devices):
+                await server.update()
+        self.metrics.unhealthy_gpus.set(len(self.state.health.unhealthy()))
+
+    async def _events(self) -> None:
+        assert self.nvml is not None
+        policy = self.opts.policy
+        async for ev in self.nvml.events(mask=EVENT_MASK):
+            now = self.clock()
+            if ev.kind is EventKind.MIG_CONFIG:
+                self.rebuild.set()
+                continue
+            if not policy.enabled:
+                continue
+            if ev.kind is EventKind.XID and ev.xid is not None:
+                if self.state.health.on_xid(ev.gpu_uuid, ev.xid, policy, now):
+                    self.log.warning("device_unhealthy", uuid=ev.gpu_uuid, xid=ev.xid, gpu=ev.gpu_index)
+                    await self._push_health(ev.gpu_uuid)
+                elif not policy.is_fatal(ev.xid):
+                    self.log.info("xid_ignored", uuid=ev.gpu_uuid, xid=ev.xid)
+            elif ev.kind is EventKind.DOUBLE_BIT_ECC:
+                if self.state.health.on_double_bit_ecc(ev.gpu_uuid, policy, now):
+                    self.log.warning("device_unhealthy", uuid=ev.gpu_uuid, reason="double-bit ECC")
+                    await self._push_health(ev.gpu_uuid)
+            elif ev.kind is EventKind.SINGLE_BIT_ECC:
+                self.log.info("ecc_corrected", uuid=ev.gpu_uuid, count=ev.data)
+
+    async def _prober(self) -> None:
+        """Lost GPUs become Unhealthy; quiet ones recover after the hold-down period."""
+        assert self.nvml is not None
+        while True:
+            await asyncio.sleep(self.opts.probe_interval)
+            if not self.opts.policy.enabled:
+                continue
+            lost = set(await self.nvml.lost_gpus())
+            now = self.clock()
+            for gpu in self.gpus:
+                if gpu.index in lost:
+                    if self.state.health.on_lost(gpu.uuid, now):
+                        self.log.warning(
+                            "device_unhealthy", uuid=gpu.uuid, gpu=gpu.index, reason="GPU is lost"
+                        )
+                        await self._push_health(gpu.uuid)
+                elif self.state.health.on_probe(gpu.uuid, True, now):
+                    self.log.info("device_recovered", uuid=gpu.uuid, gpu=gpu.index)
+                    await self._push_health(gpu.uuid)
+            self.base_metrics.mark_success("health-probe")
+
+    async def _rebuilder(self) -> None:
+        """MIG layout changes arrive as bursts of events: wait for a quiet moment, then re-advertise."""
+        while True:
+            await self.rebuild.wait()
+            while await sleep_or(self.rebuild, 0.0) or True:
+                self.rebuild.clear()
+                if not await sleep_or(self.rebuild, 0.3):
+                    break
+            self.log.info("mig_layout_changed")
+            try:
+                await self.reconcile()
+            except Exception:
+                self.log.error("reconcile_failed", exc_info=True)
+                self.base_metrics.count_error("reconcile")
+
+    # -- configuration ---------------------------------------------------------------------------------
+    def _digest(self) -> str | None:
+        path = self.opts.config_file
+        if path is None:
+            return None
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    async def reload(self) -> None:
+        """SIGHUP or a changed config file: a bad new config is logged and the last good one stays."""
+        new_config = self.config
+        if self.opts.config_file is not None:
+            from gpunode.common.config import load_config
+
+            try:
+                new_config = load_config(self.opts.config_file, PluginConfig)
+            except ConfigError as exc:
+                self.log.error("config_rejected", error=str(exc), keeping="the last good configuration")
+                self.base_metrics.count_error("config")
+                return
+        try:
+            settings = self.opts.load_settings(new_config)
+        except (ConfigError, ValueError) as exc:
+            self.log.error("config_rejected", error=str(exc), keeping="the last good configuration")
+            self.base_metrics.count_error("config")
+            return
+        before = set(self.servers)
+        await self.reconcile(settings=settings)
+        if self.state.settings is settings:
+            self.config = new_config
+            self.log.info(
+                "config_reloaded",
+                added=sorted(set(self.servers) - before),
+                removed=sorted(before - set(self.servers)),
+            )
+
+    async def _config_watch(self) -> None:
+        path = self.opts.config_file
+        assert path is not None
+        async for _ in watch_directory(path.parent):
+            digest = self._digest()
+            if digest is None or digest == self._config_digest:
+                continue
+            await asyncio.sleep(0.1)  # let a ConfigMap's ..data swap finish
+            digest = self._digest()
+            if digest is None or digest == self._config_digest:
+                continue
+            self._config_digest = digest
+            self.log.info("config_changed", file=str(path))
+            await self.reload()
+
+
+def with_overrides(settings: PluginSettings, **changes: Any) -> PluginSettings:
+    return replace(settings, **changes)
+
+
+def mapping_text(values: Mapping[str, object]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))

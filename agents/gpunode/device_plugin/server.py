@@ -1,0 +1,242 @@
+"""The kubelet-facing gRPC server: one `DevicePlugin` service on its own Unix socket per resource."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from gpunode._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from gpunode.common.logging import get_logger
+from gpunode.device_plugin.allocation import (
+    AllocationError,
+    ContainerAllocation,
+    allocate_response,
+    preferred_allocation,
+    validate_request,
+)
+from gpunode.device_plugin.config import PluginSettings
+from gpunode.device_plugin.devices import PluginDevice, Resource
+from gpunode.device_plugin.health import Health, HealthTracker
+from gpunode.device_plugin.metrics import DevicePluginMetrics
+from gpunode.nvml.api import Topology
+
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+
+
+@dataclass
+class SharedState:
+    """What every resource server reads: effective settings, cached topology, health, metrics."""
+
+    settings: PluginSettings
+    health: HealthTracker
+    metrics: DevicePluginMetrics
+    topology: Topology | None = None
+    dev_root: Path = Path("/")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def dev_node_exists(self, container_path: str) -> bool:
+        return (self.dev_root / container_path.lstrip("/")).exists()
+
+
+def device_message(dev: PluginDevice, health: Health) -> pb.Device:
+    msg = pb.Device(ID=dev.id, health=health.value)
+    if dev.numa_node is not None:
+        msg.topology.nodes.add(ID=dev.numa_node)
+    return msg
+
+
+def to_proto(alloc: ContainerAllocation) -> pb.ContainerAllocateResponse:
+    resp = pb.ContainerAllocateResponse(envs=alloc.envs, annotations=alloc.annotations)
+    for container_path, host_path, read_only in alloc.mounts:
+        resp.mounts.add(container_path=container_path, host_path=host_path, read_only=read_only)
+    for container_path, host_path, permissions in alloc.devices:
+        resp.devices.add(container_path=container_path, host_path=host_path, permissions=permissions)
+    for name in alloc.cdi_devices:
+        resp.cdi_devices.add(name=name)
+    return resp
+
+
+class ResourceServer:
+    """Serves one resource (e.g. nvidia.com/gpu) on `<plugin dir>/<socket name>`."""
+
+    def __init__(self, resource: Resource, plugin_dir: Path, state: SharedState) -> None:
+        self.resource = resource
+        self.socket_path = plugin_dir / resource.socket_name
+        self.state = state
+        self.log = get_logger("gpunode.device_plugin.server").bind(resource=resource.name)
+        self._server: grpc.aio.Server | None = None
+        self._changed = asyncio.Condition()
+        self._version = 0
+        self._closing = False
+        self.streams = 0  # ListAndWatch streams open now (the kubelet keeps exactly one)
+        self.stream_opened = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return self.resource.name
+
+    def devices_message(self) -> pb.ListAndWatchResponse:
+        health = self.state.health
+        return pb.ListAndWatchResponse(
+            devices=[device_message(d, health.health(d.physical_uuid)) for d in self.resource.devices]
+        )
+
+    async def update(self, resource: Resource | None = None) -> None:
+        """A new device list or new health: every ListAndWatch stream sends the full list again."""
+        if resource is not None:
+            self.resource = resource
+        async with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    async def withdraw(self) -> None:
+        """Advertise no devices (the kubelet sets capacity to 0 at once instead of after 5 minutes)."""
+        await self.update(
+            Resource(
+                self.resource.name,
+                (),
+                self.resource.shared,
+                self.resource.replicas,
+                self.resource.fail_requests_greater_than_one,
+            )
+        )
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self._closing = False
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        os.chmod(self.socket_path, 0o600)
+        self._server = server
+        self.log.info("plugin_serving", socket=str(self.socket_path), devices=len(self.resource.devices))
+
+    async def stop(self, grace: float = 0.5) -> None:
+        self._closing = True
+        async with self._changed:
+            self._changed.notify_all()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self.log.info("plugin_stopped", socket=str(self.socket_path))
+
+    def socket_present(self) -> bool:
+        return self._server is not None and self.socket_path.exists()
+
+    async def stream(self) -> AsyncIterator[pb.ListAndWatchResponse]:
+        seen = [-1]
+        self.streams += 1
+        self.stream_opened.set()
+        try:
+            while not self._closing:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self._version != seen[0] or self._closing)
+                    if self._closing:
+                        return
+                    seen[0] = self._version
+                msg = self.devices_message()
+                self.state.metrics.observe_devices(self.resource.name, msg.devices)
+                yield msg
+        finally:
+            self.streams -= 1
+            if self.streams == 0:
+                self.stream_opened.clear()
+
+
+def _unknown(resource: Resource, ids: list[str]) -> list[str]:
+    known = {d.id for d in resource.devices}
+    return sorted({i for i in ids if i not in known})
+
+
+class _Servicer:
+    """The DevicePlugin service (registered with add_DevicePluginServicer_to_server)."""
+
+    def __init__(self, owner: ResourceServer) -> None:
+        self.owner = owner
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def ListAndWatch(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.ListAndWatchResponse]:
+        self.owner.log.info("listandwatch_opened")
+        async for msg in self.owner.stream():
+            yield msg
+
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
+        owner = self.owner
+        resource = owner.resource
+        resp = pb.PreferredAllocationResponse()
+        for req in request.container_requests:
+            ids = [*req.available_deviceIDs, *req.must_include_deviceIDs]
+            unknown = _unknown(resource, ids)
+            if unknown:
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, _unknown_text(resource, unknown))
+            if req.allocation_size < 0:
+                await _abort(
+                    context, grpc.StatusCode.INVALID_ARGUMENT, "allocation_size must not be negative"
+                )
+            chosen = preferred_allocation(
+                resource,
+                list(req.available_deviceIDs),
+                list(req.must_include_deviceIDs),
+                req.allocation_size,
+                topology=owner.state.topology,
+                policy=owner.state.settings.shared_allocation_policy,
+            )
+            resp.container_responses.add(deviceIDs=chosen)
+        return resp
+
+    async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        owner = self.owner
+        resource = owner.resource
+        settings = owner.state.settings
+        resp = pb.AllocateResponse()
+        for req in request.container_requests:
+            try:
+                devices = validate_request(resource, list(req.devices_ids))
+            except AllocationError as exc:
+                owner.log.warning("allocate_rejected", reason=str(exc), ids=list(req.devices_ids)[:10])
+                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            key = f"{settings.cdi_annotation_prefix}nvidia-device-plugin_{uuid.uuid4()}"
+            alloc = allocate_response(
+                devices,
+                settings,
+                dev_root_exists=owner.state.dev_node_exists,
+                annotation_key=key,
+                cdi_kind=CDI_KIND,
+            )
+            resp.container_responses.append(to_proto(alloc))
+            owner.state.metrics.allocations.labels(resource=resource.name).inc()
+        return resp
+
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: Any
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+def _unknown_text(resource: Resource, unknown: list[str]) -> str:
+    shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+    return f"unknown device IDs for {resource.name}: {shown}"
+
+
+async def _abort(context: Any, code: grpc.StatusCode, message: str) -> None:
+    await context.abort(code, message)
+
+
+Notify = Callable[[], None]
