@@ -167,6 +167,13 @@ def settings_loader(flags: FlagSet, args: Mapping[str, Any], environ: Mapping[st
     return load
 
 
+def probe_interval(recovery_period: float) -> float:
+    """How often lost GPUs and recoveries are checked: every 10 s, or finer for a short hold-down."""
+    if recovery_period <= 0:
+        return 10.0
+    return min(10.0, max(0.2, recovery_period / 5))
+
+
 def check_simulation(preset: str | None, state: str | None) -> None:
     """Bad simulator arguments are usage errors (exit 2), found before anything starts."""
     if preset is None and state is None:
@@ -206,6 +213,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         load_settings=load,
         host=HostPaths(root=values["host_root"]),
         recovery_period=values["health_recovery_period"],
+        probe_interval=probe_interval(values["health_recovery_period"]),
         policy=policy,
         http_host=default_listen_host(env),
         http_port=None if values["http_port"] < 0 else values["http_port"],

@@ -229,9 +229,13 @@ class DevicePlugin:
                 if name not in wanted:
                     server = self.servers.pop(name)
                     self.pending.discard(name)
-                    await server.withdraw()
-                    await asyncio.sleep(0.05)  # let the kubelet read the empty list before the stream ends
-                    await server.stop()
+                    try:
+                        await server.withdraw()
+                        await asyncio.sleep(
+                            0.05
+                        )  # let the kubelet read the empty list before the stream ends
+                    finally:
+                        await server.stop()
                     self.metrics.forget(name)
                     self.log.info("resource_withdrawn", resource=name)
             for name, resource in wanted.items():
@@ -296,11 +300,14 @@ class DevicePlugin:
             self.ready.set()
 
     async def _restart(self, server: ResourceServer, why: str) -> None:
-        self.log.info("plugin_restarting", resource=server.name, reason=why)
-        await server.stop(grace=0.1)
-        await server.start()
-        self.pending.add(server.name)
-        self.kick.set()
+        async with self._lock:  # never race a reconcile that is withdrawing this very server
+            if self.servers.get(server.name) is not server:
+                return
+            self.log.info("plugin_restarting", resource=server.name, reason=why)
+            await server.stop(grace=0.1)
+            await server.start()
+            self.pending.add(server.name)
+            self.kick.set()
 
     async def _kubelet_watch(self) -> None:
         assert self.opts.kubelet_socket is not None
@@ -447,7 +454,7 @@ class DevicePlugin:
     async def _config_watch(self) -> None:
         path = self.opts.config_file
         assert path is not None
-        async for _ in watch_directory(path.parent):
+        async for _ in watch_directory(path.parent, writes=True):
             digest = self._digest()
             if digest is None or digest == self._config_digest:
                 continue

@@ -40,17 +40,26 @@ class DirEvent:
     name: str
 
 
-async def watch_directory(directory: Path) -> AsyncIterator[DirEvent]:
-    """Creations and deletions in the kubelet's device-plugin directory (inotify, no polling)."""
+async def watch_directory(directory: Path, *, writes: bool = False) -> AsyncIterator[DirEvent]:
+    """Creations and deletions in a directory (inotify, no polling); with `writes`, finished writes too
+    (kind "written"), for files edited in place rather than replaced."""
     from asyncinotify import Inotify, Mask
 
+    mask = Mask.CREATE | Mask.MOVED_TO | Mask.DELETE | Mask.MOVED_FROM
+    if writes:
+        mask |= Mask.CLOSE_WRITE
     with Inotify() as ino:
-        ino.add_watch(directory, Mask.CREATE | Mask.MOVED_TO | Mask.DELETE | Mask.MOVED_FROM)
+        ino.add_watch(directory, mask)
         async for event in ino:
             if event.name is None:
                 continue
-            created = bool(event.mask & (Mask.CREATE | Mask.MOVED_TO))
-            yield DirEvent("created" if created else "deleted", event.name.name)
+            if event.mask & (Mask.CREATE | Mask.MOVED_TO):
+                kind = "created"
+            elif event.mask & Mask.CLOSE_WRITE:
+                kind = "written"
+            else:
+                kind = "deleted"
+            yield DirEvent(kind, event.name.name)
 
 
 class Backoff:

@@ -14,7 +14,6 @@ from typing import Any
 import grpc
 
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
-from gpunode._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpunode.common.logging import get_logger
 from gpunode.device_plugin.allocation import (
     AllocationError,
@@ -111,11 +110,14 @@ class ResourceServer:
         )
 
     async def start(self) -> None:
+        if self._server is not None:  # a restart: never leave a server running unowned
+            await self._server.stop(0)
+            self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         self._closing = False
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        add_service(_Servicer(self), server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         os.chmod(self.socket_path, 0o600)
@@ -154,6 +156,76 @@ class ResourceServer:
             self.streams -= 1
             if self.streams == 0:
                 self.stream_opened.clear()
+
+
+class Malformed:
+    """A request whose bytes are not the message they should be."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(message: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except Exception as exc:  # DecodeError and friends: answered with INVALID_ARGUMENT, not UNKNOWN
+            return Malformed(f"malformed {message.DESCRIPTOR.full_name}: {exc}")
+
+    return parse
+
+
+def _checked(handler: Callable[..., Any]) -> Callable[..., Any]:
+    async def unary(request: Any, context: Any) -> Any:
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+        return await handler(request, context)
+
+    return unary
+
+
+def _checked_stream(handler: Callable[..., Any]) -> Callable[..., Any]:
+    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+        async for item in handler(request, context):
+            yield item
+
+    return stream
+
+
+def add_service(servicer: _Servicer, server: grpc.aio.Server) -> None:
+    """`v1beta1.DevicePlugin` on `server`, like the generated helper but with lenient request parsing,
+    so a corrupt request gets INVALID_ARGUMENT from us instead of gRPC's UNKNOWN."""
+    unary = grpc.unary_unary_rpc_method_handler
+    handlers = {
+        "GetDevicePluginOptions": unary(
+            _checked(servicer.GetDevicePluginOptions),
+            request_deserializer=_lenient(pb.Empty),
+            response_serializer=pb.DevicePluginOptions.SerializeToString,
+        ),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            _checked_stream(servicer.ListAndWatch),
+            request_deserializer=_lenient(pb.Empty),
+            response_serializer=pb.ListAndWatchResponse.SerializeToString,
+        ),
+        "GetPreferredAllocation": unary(
+            _checked(servicer.GetPreferredAllocation),
+            request_deserializer=_lenient(pb.PreferredAllocationRequest),
+            response_serializer=pb.PreferredAllocationResponse.SerializeToString,
+        ),
+        "Allocate": unary(
+            _checked(servicer.Allocate),
+            request_deserializer=_lenient(pb.AllocateRequest),
+            response_serializer=pb.AllocateResponse.SerializeToString,
+        ),
+        "PreStartContainer": unary(
+            _checked(servicer.PreStartContainer),
+            request_deserializer=_lenient(pb.PreStartContainerRequest),
+            response_serializer=pb.PreStartContainerResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
 
 
 def _unknown(resource: Resource, ids: list[str]) -> list[str]:
