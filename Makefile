@@ -28,6 +28,7 @@ test: lint unit
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/nvml_sim.py
+	$(BIN)/python benchmarks/device_plugin.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

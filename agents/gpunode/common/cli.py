@@ -22,12 +22,12 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
-from typing import Any, Generic, Literal, NoReturn, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, TypeGuard, TypeVar, overload
 
-from pydantic import BaseModel
-
-from gpunode.common.config import load_config
 from gpunode.common.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:  # pydantic and PyYAML load only when a config file is actually read (memory, start-up)
+    from pydantic import BaseModel
 
 __all__ = [
     "LOG_FORMATS",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 Source = Literal["flag", "env", "file", "default"]
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", bound="BaseModel")
 
 LOG_FORMATS = ("json", "console")
 LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
@@ -156,7 +156,7 @@ def values_from_model(flags: Iterable[Flag], model: BaseModel | None) -> dict[st
 def _lookup(obj: object, parts: Sequence[str]) -> tuple[bool, Any]:
     current = obj
     for part in parts:
-        if isinstance(current, BaseModel):
+        if _is_model(current):
             name = _field_name(type(current), part)
             if name is None or name not in current.model_fields_set:
                 return False, None
@@ -168,6 +168,11 @@ def _lookup(obj: object, parts: Sequence[str]) -> tuple[bool, Any]:
         else:
             return False, None
     return True, current
+
+
+def _is_model(obj: object) -> TypeGuard[BaseModel]:
+    """A pydantic model instance, recognised without importing pydantic."""
+    return hasattr(type(obj), "model_fields") and hasattr(obj, "model_fields_set")
 
 
 def _field_name(model: type[BaseModel], key: str) -> str | None:
@@ -347,6 +352,8 @@ class FlagSet:
             config: M | None = None
             path = values.get(config_dest)
             if config_model is not None and path:
+                from gpunode.common.config import load_config
+
                 config = load_config(path, config_model)
                 values, sources = self.resolve(args, env, values_from_model(self.flags.values(), config))
         except UsageError as exc:
@@ -492,6 +499,6 @@ def _json_safe(value: Any) -> Any:
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [_json_safe(v) for v in value]
-    if isinstance(value, BaseModel):
+    if _is_model(value):
         return value.model_dump(mode="json", by_alias=True)
     return str(value)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from gpunode.device_plugin.config import PluginSettings
 from gpunode.device_plugin.devices import PluginDevice, Resource
+from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import TopoLevel, Topology
 
 __all__ = [

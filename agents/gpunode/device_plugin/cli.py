@@ -7,23 +7,20 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, parse_bool, values_from_model
-from gpunode.common.config import ConfigError
-from gpunode.common.errors import UsageError
+from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import default_listen_host
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
-from gpunode.device_plugin.config import (
-    PluginConfig,
-    PluginSettings,
-    parse_device_list_strategy,
-    settings_from_config,
-)
 from gpunode.device_plugin.health import HealthConfigError, XidPolicy
 from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
+from gpunode.device_plugin.settings import PluginSettings, parse_device_list_strategy, settings_from_config
+
+if TYPE_CHECKING:
+    from gpunode.device_plugin.config import PluginConfig
 
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
@@ -191,7 +188,11 @@ def check_simulation(preset: str | None, state: str | None) -> None:
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ if environ is None else environ)
     flags = flag_set()
-    parsed = flags.parse(argv, env, config_model=PluginConfig)
+    parsed: Any = flags.parse(argv, env)
+    if parsed.values.get("config_file"):  # only then load pydantic and the file's schema
+        from gpunode.device_plugin.config import PluginConfig
+
+        parsed = flags.parse(argv, env, config_model=PluginConfig)
     values = parsed.values
     configure_logging(
         values["log_format"], values["log_level"], agent="device-plugin", node=values["node_name"]

@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpunode.device_plugin.config import (
+from gpunode.device_plugin.settings import (
     RESOURCE_PREFIX,
     PluginSettings,
     ResourcePattern,

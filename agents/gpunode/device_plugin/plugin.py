@@ -13,16 +13,15 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode.common import sdnotify
-from gpunode.common.config import ConfigError
+from gpunode.common.errors import ConfigError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import HealthServer
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import on_sighup, supervise
-from gpunode.device_plugin.config import PluginConfig, PluginSettings
 from gpunode.device_plugin.devices import DeviceConfigError, Resource, build_inventory, parse_mig_minors
 from gpunode.device_plugin.health import HealthTracker, XidPolicy
 from gpunode.device_plugin.metrics import DevicePluginMetrics
@@ -34,7 +33,12 @@ from gpunode.device_plugin.registration import (
     watch_directory,
 )
 from gpunode.device_plugin.server import ResourceServer, SharedState
+from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml import errors
+
+if TYPE_CHECKING:
+    from gpunode.device_plugin.config import PluginConfig
+
 from gpunode.nvml.api import EVENT_DBE, EVENT_MIG_CONFIG, EVENT_SBE, EVENT_XID, EventKind, GpuInfo, Nvml
 
 AGENT = "device-plugin"
@@ -428,6 +432,7 @@ class DevicePlugin:
         new_config = self.config
         if self.opts.config_file is not None:
             from gpunode.common.config import load_config
+            from gpunode.device_plugin.config import PluginConfig
 
             try:
                 new_config = load_config(self.opts.config_file, PluginConfig)

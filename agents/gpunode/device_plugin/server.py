@@ -22,10 +22,10 @@ from gpunode.device_plugin.allocation import (
     preferred_allocation,
     validate_request,
 )
-from gpunode.device_plugin.config import PluginSettings
 from gpunode.device_plugin.devices import PluginDevice, Resource
 from gpunode.device_plugin.health import Health, HealthTracker
 from gpunode.device_plugin.metrics import DevicePluginMetrics
+from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import Topology
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
