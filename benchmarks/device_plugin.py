@@ -50,7 +50,6 @@ import io
 import json
 import math
 import os
-import platform
 import pstats
 import signal
 import statistics
@@ -67,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from benchlib import load_average, machine_base
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -1080,16 +1080,6 @@ async def run(it: Iterations, tmp: Path, every_profile: bool) -> Result:
 
 
 # -- report --------------------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cpu_ticks() -> list[int]:
     """The aggregate `cpu` line of /proc/stat (user nice system idle iowait irq softirq steal ...)."""
     try:
@@ -1108,28 +1098,15 @@ def steal_percent(before: list[int], after: list[int]) -> str:
     return f"steal {100 * delta[7] / total:.1f} %, all CPUs busy {100 * busy / total:.0f} % of the time"
 
 
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def machine() -> dict[str, Any]:
     import psutil
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
-        "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "grpcio": metadata.version("grpcio"),
-        "protobuf": metadata.version("protobuf"),
-        "load_average_start": load_average(),
-    }
+    return machine_base(
+        memory_gb=round(psutil.virtual_memory().total / 1e9, 1),
+        grpcio=metadata.version("grpcio"),
+        protobuf=metadata.version("protobuf"),
+        load_average_start=load_average(),
+    )
 
 
 def cell(value: float, unit: str) -> str:

@@ -31,8 +31,6 @@ import gc
 import io
 import json
 import math
-import os
-import platform
 import pstats
 import statistics
 import sys
@@ -48,6 +46,7 @@ from typing import Any
 
 import pynvml
 
+from benchlib import load_average, machine_base
 from gpunode.nvml import sim
 from gpunode.nvml.api import HEALTH_EVENTS, MigDevice
 from gpunode.nvml.real import RealNvml, install_library
@@ -393,35 +392,12 @@ async def bench_async(
 
 
 # -- report --------------------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def machine() -> dict[str, Any]:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "platform": platform.platform(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "nvidia_ml_py": metadata.version("nvidia-ml-py"),
-        "timer_overhead_ns": timer_overhead_ns(),
-        "load_average_start": load_average(),
-    }
+    return machine_base(
+        nvidia_ml_py=metadata.version("nvidia-ml-py"),
+        timer_overhead_ns=timer_overhead_ns(),
+        load_average_start=load_average(),
+    )
 
 
 def fmt(value: float) -> str:

@@ -287,9 +287,12 @@ async def test_config_reload_good_then_bad(start_plugin: Starter, kubelet: FakeK
     assert len(kubelet.healthy(GPU)) == 8
     path = r.plugin.opts.config_file
     assert path is not None
+    registrations = len(kubelet.registrations)
     path.write_text(SHARED.format(fail="false", replicas=4))  # a content change, noticed by the watch
     await kubelet.wait_for(lambda: len(kubelet.healthy(GPU)) == 16)
-    registrations = len(kubelet.registrations)
+    assert (
+        len(kubelet.registrations) == registrations
+    )  # same resource: new list on the stream, no re-register
     path.write_text(sliced(1))
     await asyncio.sleep(0.5)
     assert len(kubelet.healthy(GPU)) == 16  # the last good config stays in force
@@ -436,3 +439,61 @@ async def test_process_with_a_busy_gpu_keeps_serving(start_plugin: Starter, kube
         st.gpus[0].processes.append(ProcessState(pid=1234, used_mib=100))
     assert len(kubelet.healthy(GPU)) == 4
     assert json.loads(r.state.read_text())["gpus"][0]["processes"]
+
+
+async def test_numa_comes_from_sysfs_and_mig_nodes_from_mig_minors(
+    start_plugin: Starter, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    host = tmp_path / "host"
+    # sysfs says GPU 0 (bus 0x07) is on NUMA node 1, although NVML reports 3: sysfs wins, as NVIDIA's does
+    pci = host / "sys/bus/pci/devices/0000:07:00.0"
+    pci.mkdir(parents=True)
+    (pci / "numa_node").write_text("1\n")
+    caps = host / "proc/driver/nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_text("config 1\nmonitor 2\ngpu0/gi2/access 21\ngpu0/gi2/ci0/access 22\n")
+    dev = tmp_path / "devroot"
+
+    def layout(st: object) -> None:
+        _enable_mig_and_create(st, 0, mig.GI_3_SLICE, 1)  # GI 2 at placement 4
+
+    r = await start_plugin(
+        "dgx-a100",
+        overrides={"mig_strategy": "mixed", "pass_device_specs": True, "dev_root": str(dev)},
+        prepare=layout,
+        wait="nvidia.com/mig-3g.20gb",
+    )
+    gpu0 = next(g.uuid for g in r.plugin.gpus if g.index == 0)
+    await kubelet.wait_registered(GPU)
+    assert kubelet.plugins[GPU].numa.get(gpu0) is None  # GPU 0 is in MIG mode: only its MIG device
+    mig_dev = kubelet.plugins["nvidia.com/mig-3g.20gb"]
+    (mig_id,) = mig_dev.devices
+    assert mig_dev.numa[mig_id] == [1]
+    resp = (await kubelet.allocate("nvidia.com/mig-3g.20gb", [mig_id])).container_responses[0]
+    assert [d.container_path for d in resp.devices] == [
+        "/dev/nvidia0",
+        "/dev/nvidia-caps/nvidia-cap21",
+        "/dev/nvidia-caps/nvidia-cap22",
+    ]
+
+
+async def test_ready_is_notified_to_systemd_once_registered(
+    start_plugin: Starter, kubelet: FakeKubelet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    await start_plugin("t4x4")
+    await asyncio.sleep(0.2)
+    messages = []
+    while True:
+        try:
+            messages.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            break
+    sock.close()
+    assert any("READY=1" in m and "nvidia.com/gpu" in m for m in messages), messages
