@@ -287,7 +287,10 @@ class DevicePlugin:
                             "kubelet_unavailable", error=str(exc), socket=str(self.opts.kubelet_socket)
                         )
                         outage_logged = True
-                    await sleep_or(self.kick, backoff.next())
+                    if await sleep_or(self.kick, backoff.next()):
+                        # something changed (the kubelet's socket appeared): retry quickly again, since
+                        # the socket can exist a moment before the kubelet answers on it
+                        backoff.reset()
                     self.kick.clear()
                     continue
                 self.pending.discard(name)

@@ -204,7 +204,7 @@ async def test_fatal_xid_marks_every_replica_unhealthy_then_recovers(
     assert {i.split("::")[0] for i in kubelet.unhealthy(GPU)} == {gpu1}
     marked = time.monotonic()
     await kubelet.wait_for(lambda: not kubelet.unhealthy(GPU), timeout=5)
-    assert time.monotonic() - marked >= 0.5  # not before the hold-down period
+    assert time.monotonic() - marked >= 0.4  # not before the hold-down period (0.6 s, less our lag)
 
 
 async def test_reset_required_xid_does_not_recover(start_plugin: Starter, kubelet: FakeKubelet) -> None:
@@ -294,12 +294,11 @@ async def test_config_reload_good_then_bad(start_plugin: Starter, kubelet: FakeK
         len(kubelet.registrations) == registrations
     )  # same resource: new list on the stream, no re-register
     path.write_text(sliced(1))
-    await asyncio.sleep(0.5)
+    await eventually(lambda: r.plugin.base_metrics.error_count("config") >= 1)
     assert len(kubelet.healthy(GPU)) == 16  # the last good config stays in force
     path.write_text("version: v1\nflags: [not, a, mapping\n")
-    await asyncio.sleep(0.5)
+    await eventually(lambda: r.plugin.base_metrics.error_count("config") >= 2)
     assert len(kubelet.healthy(GPU)) == 16
-    assert r.plugin.base_metrics.error_count("config") >= 2
     assert len(kubelet.registrations) == registrations  # nothing re-registered for a rejected config
 
 
