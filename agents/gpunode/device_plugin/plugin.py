@@ -21,7 +21,7 @@ from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import HealthServer
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
-from gpunode.common.runtime import on_sighup, supervise
+from gpunode.common.runtime import on_sighup, supervise, trim_memory
 from gpunode.device_plugin.devices import DeviceConfigError, Resource, build_inventory, parse_mig_minors
 from gpunode.device_plugin.health import HealthTracker, XidPolicy
 from gpunode.device_plugin.metrics import DevicePluginMetrics
@@ -106,6 +106,7 @@ class DevicePlugin:
         self._config_digest = self._digest()
         self._lock = asyncio.Lock()
         self._silent_since: dict[str, float] = {}
+        self._trimmed = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -121,6 +122,7 @@ class DevicePlugin:
                 tg.create_task(sdnotify.watchdog_task(), name="watchdog")
                 self.nvml = await self._open_nvml()
                 await self.reconcile(initial=True)
+                trim_memory()
                 tg.create_task(self._registrar(), name="registrar")
                 if self.opts.kubelet_socket is not None:
                     tg.create_task(
@@ -353,6 +355,9 @@ class DevicePlugin:
                     self.pending.add(server.name)
                     self.kick.set()
             self.base_metrics.mark_success("self-check")
+            if now - self._trimmed >= 60:  # hand memory that RPC bursts freed back to the OS
+                self._trimmed = now
+                trim_memory()
 
     # -- health ----------------------------------------------------------------------------------------
     async def _push_health(self, uuid: str) -> None:
