@@ -200,6 +200,7 @@ class _BoolAction(argparse.Action):
 
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         negated = [f"--no-{opt[2:]}" for opt in option_strings if opt.startswith("--")]
+        self.negated = frozenset(negated)  # a flag may itself be named --no-something (--no-timestamp)
         super().__init__([*option_strings, *negated], dest, nargs=0, **kwargs)
 
     def __call__(
@@ -209,7 +210,7 @@ class _BoolAction(argparse.Action):
         values: str | Sequence[Any] | None,
         option_string: str | None = None,
     ) -> None:
-        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+        setattr(namespace, self.dest, option_string not in self.negated)
 
     def format_usage(self) -> str:
         return " | ".join(self.option_strings)

@@ -49,7 +49,8 @@ class FeatureFile:
         """Write if the content differs from what is there; returns whether it wrote."""
         text = render(labels, expiry)
         if len(text.encode()) > MAX_FILE_BYTES:
-            raise OutputError(f"{self.path}: {len(text)} bytes of labels, over NFD's 64 KiB feature-file limit")
+            size = len(text.encode())
+            raise OutputError(f"{self.path}: {size} bytes of labels, over NFD's 64 KiB feature-file limit")
         if self.path is None:
             if text != self.last:
                 sys.stdout.write(text)

@@ -450,3 +450,13 @@ def test_log_effective_config_renders_paths_as_strings(log_stream: io.StringIO) 
     event = json.loads(log_stream.getvalue())
     assert event["config"] == {"p": "/x/y", "t": ["a", 1]}
     assert event["logger"] == "gpunode.config"
+
+
+def test_a_bool_flag_named_no_something_is_positive() -> None:
+    from gpunode.common.cli import FlagSet
+
+    f = FlagSet(prog="x")
+    f.add("--no-timestamp", type=bool, default=False)
+    assert f.parse_args(["--no-timestamp"]) == {"no_timestamp": True}
+    assert f.parse_args(["--no-no-timestamp"]) == {"no_timestamp": False}
+    assert f.parse_args(["--no-timestamp=false"]) == {"no_timestamp": False}

@@ -1,0 +1,187 @@
+"""gpunode-feature-discovery: write NVIDIA's nvidia.com/* GPU node labels for Node Feature Discovery."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config
+from gpunode.common.errors import ConfigError, UsageError
+from gpunode.common.hostpaths import HostPaths
+from gpunode.common.http import default_listen_host
+from gpunode.common.logging import configure_logging
+from gpunode.common.runtime import run
+from gpunode.device_plugin.cli import check_simulation
+from gpunode.device_plugin.settings import TimeSlicing, settings_from_config
+from gpunode.feature_discovery.loop import FdOptions, FdReload, FeatureDiscovery
+from gpunode.feature_discovery.output import DEFAULT_OUTPUT
+
+
+def interval(text: str) -> float | None:
+    """A Go-style duration ("60s", "5m", "1h", "90") or "infinite" (None)."""
+    t = text.strip().lower()
+    if t == "infinite":
+        return None
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for suffix in ("ms", "s", "m", "h"):
+        if t.endswith(suffix):
+            value = float(t[: -len(suffix)]) * scale[suffix]
+            break
+    else:
+        value = float(t)
+    if value <= 0:
+        raise ValueError("must be positive (or 'infinite')")
+    return value
+
+
+def flag_set() -> FlagSet:
+    f = FlagSet(prog="gpunode-feature-discovery", description=__doc__)
+    add_common_flags(f, config_file=False)
+    f.add(
+        "--config-file",
+        env=("GFD_CONFIG_FILE", "CONFIG_FILE"),
+        metavar="FILE",
+        help="the device plugin's version: v1 config file (flags.gfd.*, sharing.*)",
+    )
+    f.add(
+        "--mig-strategy",
+        env=("GFD_MIG_STRATEGY", "MIG_STRATEGY"),
+        choices=("none", "single", "mixed"),
+        default="none",
+        file_key="flags.migStrategy",
+        help="how MIG devices are labeled",
+    )
+    f.add(
+        "--fail-on-init-error",
+        env=("GFD_FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"),
+        type=bool,
+        default=True,
+        file_key="flags.failOnInitError",
+        help="exit when NVML cannot start; false: write no GPU labels, stay up",
+    )
+    f.add(
+        "--oneshot",
+        env="GFD_ONESHOT",
+        type=bool,
+        default=False,
+        file_key="flags.gfd.oneshot",
+        help="label once and exit",
+    )
+    f.add(
+        "--no-timestamp",
+        env="GFD_NO_TIMESTAMP",
+        type=bool,
+        default=False,
+        file_key="flags.gfd.noTimestamp",
+        help="leave out nvidia.com/gfd.timestamp",
+    )
+    f.add(
+        "--sleep-interval",
+        env="GFD_SLEEP_INTERVAL",
+        type=str,
+        default="60s",
+        file_key="flags.gfd.sleepInterval",
+        help="time between passes (e.g. 60s), or 'infinite'",
+    )
+    f.add(
+        "--output-file",
+        env="GFD_OUTPUT_FILE",
+        default=DEFAULT_OUTPUT,
+        short="-o",
+        file_key="flags.gfd.outputFile",
+        help='the NFD feature file; "" prints to stdout',
+    )
+    f.add(
+        "--machine-type-file",
+        env="GFD_MACHINE_TYPE_FILE",
+        default="/sys/class/dmi/id/product_name",
+        file_key="flags.gfd.machineTypeFile",
+        help="where nvidia.com/gpu.machine comes from",
+    )
+    f.add(
+        "--labels-on-exit",
+        env="GFD_LABELS_ON_EXIT",
+        choices=("expire", "delete", "keep"),
+        default="expire",
+        help="on stop: keep the labels with an NFD expiry (default), delete them (as NVIDIA), or keep them",
+    )
+    f.add(
+        "--host-root",
+        env="GPUNODE_HOST_ROOT",
+        default="/",
+        metavar="DIR",
+        help="where the host's /sys is mounted (PCI classes, vGPU capability)",
+    )
+    f.add(
+        "--http-port",
+        env="GPUNODE_HTTP_PORT",
+        type=int,
+        default=9452,
+        metavar="PORT",
+        help="port of /healthz, /readyz and /metrics (0: any free port, -1: off)",
+    )
+    f.parser.add_argument(
+        "--output", dest="output_file", default=__import__("argparse").SUPPRESS, help="alias of --output-file"
+    )
+    return f
+
+
+def sharing_of(config: Any) -> TimeSlicing | None:
+    return settings_from_config(config, {}).sharing if config is not None else None
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    env = dict(os.environ if environ is None else environ)
+    flags = flag_set()
+    parsed: Any = flags.parse(argv, env)
+    if parsed.values.get("config_file"):
+        from gpunode.device_plugin.config import PluginConfig
+
+        parsed = flags.parse(argv, env, config_model=PluginConfig)
+    values = parsed.values
+    configure_logging(
+        values["log_format"], values["log_level"], agent="feature-discovery", node=values["node_name"]
+    )
+    try:
+        check_simulation(values.get("simulate"), values.get("sim_state"))
+        every = interval(values["sleep_interval"])
+        sharing = sharing_of(parsed.config)
+    except (ValueError, LookupError, ConfigError, UsageError) as exc:
+        print(f"gpunode-feature-discovery: error: {exc}", file=sys.stderr)
+        return 2
+    log_effective_config(values, parsed.sources, flags=flags.flags.values())
+
+    def reload() -> FdReload:
+        fresh: Any = flags.parse(argv, env, exit_on_error=False)
+        if fresh.values.get("config_file"):
+            from gpunode.device_plugin.config import PluginConfig
+
+            fresh = flags.parse(argv, env, config_model=PluginConfig, exit_on_error=False)
+        return FdReload(fresh.values["mig_strategy"], sharing_of(fresh.config))
+
+    machine = values["machine_type_file"]
+    opts = FdOptions(
+        output_file=values["output_file"],
+        mig_strategy=values["mig_strategy"],
+        sharing=sharing,
+        interval=every,
+        oneshot=values["oneshot"],
+        no_timestamp=values["no_timestamp"],
+        fail_on_init_error=values["fail_on_init_error"],
+        machine_type_file=Path(machine) if machine else None,
+        host=HostPaths(root=values["host_root"]),
+        on_exit=values["labels_on_exit"],
+        http_host=default_listen_host(env),
+        http_port=None if values["http_port"] < 0 or values["oneshot"] else values["http_port"],
+        reload=reload,
+    )
+
+    async def open_nvml() -> Any:
+        from gpunode.nvml import open_nvml as open_
+
+        return await open_(values["driver_root"], values.get("simulate"), values.get("sim_state"))
+
+    return run(FeatureDiscovery(opts, open_nvml).run())

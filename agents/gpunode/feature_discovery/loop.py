@@ -1,0 +1,245 @@
+"""The labeling loop: a pass every interval, sooner when the MIG layout changes or a GPU is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gpunode.common import sdnotify
+from gpunode.common.hostpaths import HostPaths
+from gpunode.common.http import HealthServer
+from gpunode.common.logging import get_logger
+from gpunode.common.metrics import create_metrics
+from gpunode.common.runtime import on_sighup, trim_memory
+from gpunode.device_plugin.settings import TimeSlicing
+from gpunode.feature_discovery.facts import gather_facts
+from gpunode.feature_discovery.labels import LabelResult, NodeFacts, compute_labels
+from gpunode.feature_discovery.output import FeatureFile, OutputError, expiry_after_stop
+from gpunode.nvml import errors
+from gpunode.nvml.api import EVENT_MIG_CONFIG, EVENT_XID, EventKind, Nvml
+
+AGENT = "feature-discovery"
+MIG_EVENT_DELAY = 0.5  # let a burst of MIG config-change events settle (well inside the 2 s promise)
+
+
+@dataclass(frozen=True)
+class FdOptions:
+    output_file: str
+    mig_strategy: str
+    sharing: TimeSlicing | None
+    interval: float | None  # None: label once, then only on events and signals ("infinite")
+    oneshot: bool = False
+    no_timestamp: bool = False
+    fail_on_init_error: bool = True
+    machine_type_file: Path | None = None
+    host: HostPaths = field(default_factory=HostPaths)
+    on_exit: str = "expire"  # expire | delete | keep
+    http_host: str = "127.0.0.1"
+    http_port: int | None = None
+    nvml_retry_interval: float = 30.0
+    reload: Callable[[], FdReload] | None = None  # SIGHUP: re-read the config file
+
+
+@dataclass(frozen=True)
+class FdReload:
+    mig_strategy: str
+    sharing: TimeSlicing | None
+
+
+class FeatureDiscovery:
+    def __init__(
+        self,
+        opts: FdOptions,
+        open_nvml: Callable[[], Awaitable[Nvml]],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.opts = opts
+        self.open_nvml = open_nvml
+        self.clock = clock
+        self.log = get_logger("gpunode.feature_discovery")
+        self.metrics = create_metrics(AGENT)
+        self.output = FeatureFile(opts.output_file)
+        self.mig_strategy = opts.mig_strategy
+        self.sharing = opts.sharing
+        self.timestamp = None if opts.no_timestamp else int(clock())
+        self.nvml: Nvml | None = None
+        self.wake = asyncio.Event()
+        self.passes = 0
+        self.last: LabelResult | None = None
+        self._warned: set[str] = set()
+        self.http = (
+            HealthServer(self.metrics.registry, host=opts.http_host, port=opts.http_port)
+            if opts.http_port is not None
+            else None
+        )
+
+    # -- one pass --------------------------------------------------------------------------------------
+    async def facts(self) -> NodeFacts:
+        if self.nvml is None:
+            return NodeFacts(system=None, gpus=(), mig_devices={}, pci_classes={}, machine=None)
+        return await gather_facts(self.nvml, self.opts.host, self.opts.machine_type_file)
+
+    async def label_once(self) -> LabelResult:
+        facts = await self.facts()
+        result = compute_labels(
+            facts, mig_strategy=self.mig_strategy, sharing=self.sharing, timestamp=self.timestamp
+        )
+        for warning in result.warnings:
+            if warning not in self._warned:  # say it once, not every minute
+                self._warned.add(warning)
+                self.log.warning("label_warning", detail=warning)
+        for key, original, written in result.adjusted:
+            if f"{key}={original}" not in self._warned:
+                self._warned.add(f"{key}={original}")
+                self.log.warning(
+                    "label_value_adjusted",
+                    key=key,
+                    original=original,
+                    written=written,
+                    reason="Kubernetes label values are at most 63 of [A-Za-z0-9._-]",
+                )
+        changed = self.output.write(result.labels)
+        self.passes += 1
+        self.last = result
+        self.log.info(
+            "labels_written" if changed else "labels_unchanged",
+            labels=len(result.labels),
+            file=self.opts.output_file or "<stdout>",
+        )
+        if len(result.labels) <= 1:
+            self.log.warning("no_labels", hint="no GPU found or NVML unavailable")
+        self.metrics.mark_success("labeling")
+        return result
+
+    async def write_with_retry(self) -> None:
+        """A pass; an unwritable output is retried with backoff (daemon mode), never a crash loop."""
+        delay = 1.0
+        while True:
+            try:
+                await self.label_once()
+                return
+            except OutputError as exc:
+                if self.opts.oneshot:
+                    raise
+                self.log.error("output_failed", error=str(exc), retry_in_s=delay)
+                self.metrics.count_error("output")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.opts.interval or 60.0)
+
+    # -- the loop --------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            self.nvml = await self._open_nvml()
+            if self.opts.oneshot:
+                await self.label_once()
+                return
+            async with asyncio.TaskGroup() as tg:
+                if self.http is not None:
+                    self.http.add_check(
+                        "nvml", lambda: (self.nvml is not None, "" if self.nvml else "NVML unavailable")
+                    )
+                    self.http.add_check("labeled", lambda: (self.passes > 0, f"{self.passes} passes"))
+                    tg.create_task(self.http.serve(), name="http")
+                tg.create_task(sdnotify.watchdog_task(), name="watchdog")
+                await self.write_with_retry()
+                trim_memory()
+                sdnotify.notify(ready=True, status=f"{len(self.last.labels) if self.last else 0} labels")
+                if self.nvml is not None:
+                    tg.create_task(self._events(), name="nvml-events")
+                else:
+                    tg.create_task(self._retry_nvml(), name="nvml-retry")
+                tg.create_task(on_sighup(self.reload, metrics=self.metrics, log=self.log), name="sighup")
+                tg.create_task(self._passes(), name="labeling")
+        finally:
+            self._on_exit()
+            if self.nvml is not None:
+                with contextlib.suppress(Exception):
+                    await self.nvml.close()
+
+    async def _open_nvml(self) -> Nvml | None:
+        try:
+            return await self.open_nvml()
+        except errors.NvmlError as exc:
+            if self.opts.fail_on_init_error:
+                raise
+            self.log.error(
+                "nvml_unavailable",
+                error=str(exc),
+                action="writing no GPU labels",
+                hint="set --fail-on-init-error=true to exit instead",
+            )
+            return None
+
+    async def _retry_nvml(self) -> None:
+        while self.nvml is None:
+            await asyncio.sleep(self.opts.nvml_retry_interval)
+            try:
+                self.nvml = await self.open_nvml()
+            except errors.NvmlError:
+                continue
+            self.log.info("nvml_available")
+            self.wake.set()
+            await self._events()
+
+    async def _passes(self) -> None:
+        while True:
+            timeout = self.opts.interval
+            try:
+                if timeout is None:
+                    await self.wake.wait()
+                else:
+                    await asyncio.wait_for(self.wake.wait(), timeout)
+                await asyncio.sleep(MIG_EVENT_DELAY)  # coalesce a burst of events
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            await self.write_with_retry()
+
+    async def _events(self) -> None:
+        """MIG config changes and fatal XIDs (a GPU falling off the bus) trigger a pass at once."""
+        assert self.nvml is not None
+        while True:
+            try:
+                async for ev in self.nvml.events(mask=EVENT_MIG_CONFIG | EVENT_XID):
+                    if ev.kind is EventKind.MIG_CONFIG or (ev.kind is EventKind.XID and ev.xid == 79):
+                        self.wake.set()
+            except errors.NvmlError as exc:
+                self.log.warning("nvml_events_failed", error=str(exc), retry_in_s=5)
+                await asyncio.sleep(5)
+
+    async def reload(self) -> None:
+        """SIGHUP: re-read the config (a bad one keeps the last good), new timestamp, label at once."""
+        if self.opts.reload is not None:
+            try:
+                fresh = self.opts.reload()
+            except Exception as exc:
+                self.log.error("config_rejected", error=str(exc), keeping="the last good configuration")
+                self.metrics.count_error("config")
+                return
+            self.mig_strategy, self.sharing = fresh.mig_strategy, fresh.sharing
+        if self.timestamp is not None:
+            self.timestamp = int(self.clock())
+        self.wake.set()
+
+    def _on_exit(self) -> None:
+        if self.opts.oneshot or self.output.path is None or self.last is None:
+            return
+        if self.opts.on_exit == "delete":
+            self.output.delete()
+            self.log.info("labels_deleted", file=str(self.output.path))
+        elif self.opts.on_exit == "expire":
+            expiry = expiry_after_stop(self.opts.interval or 60.0, datetime.now(UTC))
+            with contextlib.suppress(OutputError):
+                self.output.write(self.last.labels, expiry)
+            self.log.info("labels_expire", file=str(self.output.path), at=expiry.isoformat())
+
+
+def describe(result: LabelResult) -> dict[str, Any]:
+    return {"labels": len(result.labels), "warnings": list(result.warnings)}
