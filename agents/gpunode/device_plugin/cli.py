@@ -18,6 +18,7 @@ from gpunode.common.runtime import run
 from gpunode.device_plugin.health import HealthConfigError, XidPolicy
 from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
 from gpunode.device_plugin.settings import PluginSettings, parse_device_list_strategy, settings_from_config
+from gpunode.nvml import check_simulation
 
 if TYPE_CHECKING:
     from gpunode.device_plugin.config import PluginConfig
@@ -169,20 +170,6 @@ def probe_interval(recovery_period: float) -> float:
     if recovery_period <= 0:
         return 10.0
     return min(10.0, max(0.2, recovery_period / 5))
-
-
-def check_simulation(preset: str | None, state: str | None) -> None:
-    """Bad simulator arguments are usage errors (exit 2), found before anything starts."""
-    if preset is None and state is None:
-        return
-    from gpunode.nvml import sim
-
-    if preset is not None:
-        sim.get_preset(preset)
-    if state is not None and Path(state).exists():
-        node = sim.read_state_file(Path(state))
-        if preset is not None and node.preset != preset:
-            raise ValueError(f"{state}: holds preset {node.preset!r}, not {preset!r}")
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

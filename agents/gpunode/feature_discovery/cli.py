@@ -14,10 +14,10 @@ from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import default_listen_host
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
-from gpunode.device_plugin.cli import check_simulation
 from gpunode.device_plugin.settings import TimeSlicing, settings_from_config
 from gpunode.feature_discovery.loop import FdOptions, FdReload, FeatureDiscovery
 from gpunode.feature_discovery.output import DEFAULT_OUTPUT
+from gpunode.nvml import check_simulation
 
 
 def interval(text: str) -> float | None:

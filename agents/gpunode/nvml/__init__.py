@@ -22,4 +22,19 @@ async def open_nvml(
     return await RealNvml.open(driver_root)
 
 
-__all__ = ["Nvml", "open_nvml"]
+def check_simulation(preset: str | None, state: str | None) -> None:
+    """Bad simulator arguments are usage errors (exit 2), found before anything starts: an unknown preset
+    raises UnknownPreset (a LookupError listing the presets), a bad state file StateError (a ValueError)."""
+    if preset is None and state is None:
+        return
+    from gpunode.nvml import sim
+
+    if preset is not None:
+        sim.get_preset(preset)
+    if state is not None and Path(state).exists():
+        node = sim.read_state_file(Path(state))
+        if preset is not None and node.preset != preset:
+            raise ValueError(f"{state}: holds preset {node.preset!r}, not {preset!r}")
+
+
+__all__ = ["Nvml", "check_simulation", "open_nvml"]

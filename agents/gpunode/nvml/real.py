@@ -403,6 +403,24 @@ class RealNvml:
                 return p
         raise errors.NotSupported(f"GPU {index} has no GPU-instance profile {enum}")
 
+    def _profile_by_attributes(self, index: int, attrs: Any) -> GiProfile | None:
+        """The GI profile a MIG device's attributes identify (slices, memory, engines), if unique."""
+        matches = [
+            p
+            for p in self._gi_profile_list(index)
+            if p.slices == attrs.gpuInstanceSliceCount
+            and p.memory_mib == attrs.memorySizeMB
+            and (p.copy_engines, p.decoders, p.encoders, p.jpeg, p.ofa)
+            == (
+                attrs.sharedCopyEngineCount,
+                attrs.sharedDecoderCount,
+                attrs.sharedEncoderCount,
+                attrs.sharedJpegCount,
+                attrs.sharedOfaCount,
+            )
+        ]
+        return matches[0] if len(matches) == 1 else None
+
     def _profile_by_id(self, index: int, profile_id: int) -> GiProfile:
         for p in self._gi_profile_list(index):
             if p.id == profile_id:
@@ -560,13 +578,16 @@ class RealNvml:
                     continue
                 raise err from None
             gi_id = _call(pynvml.nvmlDeviceGetGpuInstanceId, m)
-            if gi_id not in gi_profiles:
-                info = _call(
-                    pynvml.nvmlGpuInstanceGetInfo, _call(pynvml.nvmlDeviceGetGpuInstanceById, h, gi_id)
-                )
-                gi_profiles[gi_id] = self._profile_by_id(index, info.profileId)
-            gi = gi_profiles[gi_id]
             attrs = _call(pynvml.nvmlDeviceGetAttributes_v2, m)
+            if gi_id not in gi_profiles:
+                found = self._profile_by_attributes(index, attrs)
+                if found is None:  # ambiguous: ask the GPU instance itself
+                    info = _call(
+                        pynvml.nvmlGpuInstanceGetInfo, _call(pynvml.nvmlDeviceGetGpuInstanceById, h, gi_id)
+                    )
+                    found = self._profile_by_id(index, info.profileId)
+                gi_profiles[gi_id] = found
+            gi = gi_profiles[gi_id]
             out.append(
                 MigDevice(
                     parent_index=index,

@@ -145,11 +145,12 @@ def _put_str(buf: Any, length: Any, text: str) -> int:
 class _Symbol:
     """One exported C function: accepts restype/argtypes like a ctypes function, counts calls."""
 
-    __slots__ = ("argtypes", "calls", "fn", "kinds", "lib", "name", "restype", "spec")
+    __slots__ = ("argtypes", "calls", "checked", "fn", "kinds", "lib", "name", "restype", "spec")
 
     def __init__(self, lib: FakeNvmlLib, name: str, kinds: str, fn: Callable[..., Any]) -> None:
         self.lib, self.name, self.kinds, self.fn = lib, name, kinds, fn
         self.spec = _spec(kinds)
+        self.checked: set[tuple[type, ...]] = set()  # argument type signatures already found valid
         self.restype: Any = ctypes.c_int
         self.argtypes: Any = None
         self.calls = 0
@@ -157,7 +158,12 @@ class _Symbol:
     def __call__(self, *args: Any) -> Any:
         self.calls += 1
         if self.lib.strict:
-            _check(self.name, self.kinds, self.spec, args)
+            # validity depends only on the arguments' types (ctypes array types carry their element
+            # type), so each type signature is checked once
+            signature = tuple(map(type, args))
+            if signature not in self.checked:
+                _check(self.name, self.kinds, self.spec, args)
+                self.checked.add(signature)
         return self.fn(*args)
 
 

@@ -62,6 +62,7 @@ class SimNode:
         self.clock = clock
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
+        self._path_text = str(path) if path else ""
         self._stamp: tuple[int, int, int] | None = self._stat() if path else None
 
     @classmethod
@@ -71,7 +72,7 @@ class SimNode:
     def _stat(self) -> tuple[int, int, int] | None:
         assert self.path is not None
         try:
-            st = os.stat(self.path)
+            st = os.stat(self._path_text)
         except FileNotFoundError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)

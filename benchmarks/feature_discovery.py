@@ -1,0 +1,164 @@
+"""Feature discovery figures (issue 4): one labeling pass with 56 MIG devices, steady-state RSS, idle CPU.
+
+    .venv/bin/python benchmarks/feature_discovery.py [--quick] [--json]
+
+1. A full labeling pass of the simulated dgx-a100 with 56 MIG devices (7 x 1g.5gb per GPU, single
+   strategy): NVML facts + labels + rendering the feature file, timed in-process. Target <= 20 ms.
+2. Steady-state RSS of a real `gpunode-feature-discovery` process (mixed strategy, 1 s interval) after
+   several passes. Target <= 45 MB.
+3. Its CPU between passes with the default 60 s interval (idle): target ~0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchlib import load_average, machine_base
+from gpunode.common.hostpaths import HostPaths
+from gpunode.feature_discovery.facts import gather_facts
+from gpunode.feature_discovery.labels import compute_labels
+from gpunode.feature_discovery.output import render
+from gpunode.nvml import mig, sim
+from gpunode.nvml.real import RealNvml
+
+FD = str(Path(sys.executable).with_name("gpunode-feature-discovery"))
+
+
+def build_56_mig(state: Path) -> None:
+    sim.init_state_file(state, "dgx-a100", force=True)
+    with sim.SimNode.open(state).mutate() as st:
+        for gpu in range(8):
+            st.set_mig_mode(gpu, 1)
+            st.reset_gpu(gpu)
+            for _ in range(7):
+                ret, gi = st.create_gi(gpu, mig.GI_1_SLICE, None)
+                assert ret == 0
+                assert st.create_ci(gpu, gi, mig.CI_1_SLICE, None)[0] == 0
+
+
+async def labeling_pass_ms(state: Path, rounds: int) -> list[float]:
+    sim.install(state=state)
+    nvml = await RealNvml.open()
+    host = HostPaths(root=state.parent / "host")
+    times = []
+    try:
+        for _ in range(rounds):
+            t0 = time.perf_counter_ns()
+            facts = await gather_facts(nvml, host, None)
+            result = compute_labels(facts, mig_strategy="single", sharing=None, timestamp=1_700_000_000)
+            render(result.labels)
+            times.append((time.perf_counter_ns() - t0) / 1e6)
+        assert result.labels["nvidia.com/gpu.count"] == "56", result.labels
+    finally:
+        await nvml.close()
+        sim.uninstall()
+    return times
+
+
+def process_figures(state: Path, idle_s: float) -> dict[str, float]:
+    out = state.parent / "gfd"
+    busy = subprocess.Popen(
+        [
+            FD,
+            "--sim-state",
+            str(state),
+            "-o",
+            str(out),
+            "--mig-strategy",
+            "mixed",
+            "--sleep-interval",
+            "1s",
+            "--http-port",
+            "-1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(6)  # several passes
+        mem = psutil.Process(busy.pid).memory_full_info()
+    finally:
+        busy.terminate()
+        busy.wait(10)
+    idle = subprocess.Popen(
+        [FD, "--sim-state", str(state), "-o", str(out), "--mig-strategy", "mixed", "--http-port", "-1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(3)  # start-up and the first pass
+        proc = psutil.Process(idle.pid)
+        before = proc.cpu_times()
+        time.sleep(idle_s)
+        after = proc.cpu_times()
+    finally:
+        idle.terminate()
+        idle.wait(10)
+    cpu = (after.user + after.system - before.user - before.system) / idle_s * 100
+    return {"rss_mb": mem.rss / 1e6, "uss_mb": mem.uss / 1e6, "pss_mb": mem.pss / 1e6, "idle_cpu_pct": cpu}
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, 10 s idle window")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rounds, idle_s = (50, 10.0) if args.quick else (300, 60.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "node.json"
+        build_56_mig(state)
+        passes = asyncio.run(labeling_pass_ms(state, rounds))
+        proc = process_figures(state, idle_s)
+    p50, p99 = statistics.median(passes), pct(passes, 0.99)
+    rows: list[tuple[str, str, str, str, bool]] = [
+        ("labeling pass, dgx-a100, 56 MIG devices", f"{p50:.2f} ms", f"{p99:.2f} ms", "<= 20 ms", p50 <= 20),
+        (
+            "steady-state RSS (mixed, 1 s interval)",
+            f"{proc['rss_mb']:.1f} MB",
+            "-",
+            "<= 45 MB",
+            proc["rss_mb"] <= 45,
+        ),
+        (
+            f"idle CPU over {idle_s:.0f} s (60 s interval)",
+            f"{proc['idle_cpu_pct']:.3f} %",
+            "-",
+            "~0",
+            proc["idle_cpu_pct"] < 0.1,
+        ),
+    ]
+    info: dict[str, Any] = machine_base(load_average=load_average())
+    if args.json:
+        print(json.dumps({"machine": info, "passes_ms": {"p50": p50, "p99": p99}, "process": proc}, indent=2))
+        return 0
+    print(
+        f"Feature discovery benchmark ({'quick' if args.quick else 'full'} run); {info['cpu']}, "
+        f"{info['cpus_usable']} CPUs, {info['python']}, load {info['load_average']}"
+    )
+    print(f"{'figure':<44}{'median':>12}{'p99':>12}  {'target':<10} verdict")
+    for name, med, p, target, ok in rows:
+        print(f"{name:<44}{med:>12}{p:>12}  {target:<10} {'PASS' if ok else 'FAIL'}")
+    print(f"memory detail: USS {proc['uss_mb']:.1f} MB, PSS {proc['pss_mb']:.1f} MB ({rounds} passes timed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
