@@ -29,6 +29,7 @@ test: lint unit
 bench: $(STAMP)
 	$(BIN)/python benchmarks/nvml_sim.py
 	$(BIN)/python benchmarks/device_plugin.py
+	$(BIN)/python benchmarks/feature_discovery.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -63,8 +63,25 @@ async def _walkthrough(nvml: Nvml, node: sim.SimNode, preset: str) -> None:
         "placements: "
         + ", ".join(f"GI {g.id} {g.profile.name}@{g.placement.start}:{g.placement.size}" for g in gis)
     )
+    await _labels(nvml)
     name = mig.parse_profile("1c.3g.20gb")
     print(f"\nprofile grammar: {name} = {name.c} compute slice of a {name.g}g GPU instance with {name.gb} GB")
+
+
+async def _labels(nvml: Nvml) -> None:
+    """What gpunode-feature-discovery would write for this node (mixed MIG strategy)."""
+    import tempfile
+
+    from gpunode.common.hostpaths import HostPaths
+    from gpunode.feature_discovery.facts import gather_facts
+    from gpunode.feature_discovery.labels import compute_labels
+
+    with tempfile.TemporaryDirectory() as empty:  # simulated GPUs have no sysfs entries on this machine
+        facts = await gather_facts(nvml, HostPaths(root=empty), None)
+    result = compute_labels(facts, mig_strategy="mixed", sharing=None, timestamp=None)
+    print("\n== Node labels (gpunode-feature-discovery --mig-strategy mixed)")
+    for key, value in sorted(result.labels.items()):
+        print(f"{key}={value}")
 
 
 def _on(flag: bool) -> str:
