@@ -13,7 +13,7 @@
   read as given -- the caller resolves it under the host root if needed -- and stripped; ``None`` when it
   is not set or cannot be read (the caller warns).
 
-Fabric cliques are not in the :class:`~gpunode.nvml.api.Nvml` protocol, so ``cliques`` stays empty.
+Fabric cliques come from NVML's fabric info (GB200-style NVLink domains); GPUs without one report None.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ async def gather_facts(nvml: Nvml, host: HostPaths, machine_type_file: Path | No
         pci_classes=pci_classes,
         machine=read_machine_type(machine_type_file),
         vgpu_present=any(has_vgpu_capability(host, g.pci.bus_id) for g in gpus),
+        cliques={g.index: await nvml.fabric_clique(g.index) for g in gpus},
     )
 
 

@@ -88,6 +88,17 @@ class FeatureDiscovery:
 
     async def label_once(self) -> LabelResult:
         facts = await self.facts()
+        if (
+            self.opts.machine_type_file is not None
+            and facts.machine is None
+            and "machine" not in self._warned
+        ):
+            self._warned.add("machine")
+            self.log.warning(
+                "machine_type_unreadable",
+                file=str(self.opts.machine_type_file),
+                label="nvidia.com/gpu.machine=unknown",
+            )
         result = compute_labels(
             facts, mig_strategy=self.mig_strategy, sharing=self.sharing, timestamp=self.timestamp
         )

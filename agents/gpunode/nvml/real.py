@@ -611,6 +611,27 @@ class RealNvml:
             )
         return out
 
+    # -- NVLink fabric ------------------------------------------------------------------------------------
+    async def fabric_clique(self, index: int) -> str | None:
+        return await self._run(self._fabric_clique, index)
+
+    def _fabric_clique(self, index: int) -> str | None:
+        """`<cluster UUID>.<clique id>` for a GPU on an NVLink fabric (GB200 and the like), else None."""
+        info = pynvml.c_nvmlGpuFabricInfo_v2_t()
+        try:
+            pynvml.nvmlDeviceGetGpuFabricInfoV(self._handle(index), ctypes.byref(info))
+        except pynvml.NVMLError as exc:
+            err = _translate(exc)
+            if isinstance(err, (errors.NotSupported, errors.FunctionNotFound, errors.InvalidArgument)):
+                return None
+            raise err from None
+        cluster = bytes(info.clusterUuid)
+        if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != 0 or not any(cluster):
+            return None
+        import uuid as uuidlib
+
+        return f"{uuidlib.UUID(bytes=cluster)}.{int(info.cliqueId)}"
+
     # -- telemetry -----------------------------------------------------------------------------------------
     async def telemetry(self, index: int) -> Telemetry:
         return await self._run(self._telemetry, index)
