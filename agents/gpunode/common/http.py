@@ -68,7 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         health = self.server.health
-        if path == "/healthz":
+        if path in ("/healthz", "/health"):  # /health: dcgm-exporter's probe path
             ok, detail = health.liveness()
             self._reply(HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE, detail + "\n")
         elif path == "/readyz":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 ARCHITECTURES = {
     2: "kepler",
@@ -324,8 +324,12 @@ class Nvml(Protocol):
 
     async def fabric_clique(self, index: int) -> str | None: ...
 
+    async def mig_memory(self, index: int) -> dict[str, tuple[int, int]]: ...
+
     def events(
-        self, mask: int = HEALTH_EVENTS, indices: Sequence[int] | None = None
-    ) -> AsyncIterator[HealthEvent]: ...
+        self, mask: int = HEALTH_EVENTS, indices: Sequence[int] | None = None, ready: Any = None
+    ) -> AsyncIterator[HealthEvent]:
+        """Events from now on; `ready` (an asyncio.Event) is set once they are being watched."""
+        ...
 
     async def close(self) -> None: ...

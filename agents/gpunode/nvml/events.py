@@ -34,9 +34,11 @@ class EventPump(Generic[E]):
         self._free = free
         self._slice_ms = slice_ms
 
-    async def run(self) -> AsyncIterator[E]:
+    async def run(self, ready: asyncio.Event | None = None) -> AsyncIterator[E]:
         loop = asyncio.get_running_loop()
         event_set = await loop.run_in_executor(self._nvml_pool, self._create)
+        if ready is not None:
+            ready.set()
         queue: asyncio.Queue[tuple[E | None, BaseException | None]] = asyncio.Queue()
         stop = threading.Event()
 

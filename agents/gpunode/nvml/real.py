@@ -611,6 +611,28 @@ class RealNvml:
             )
         return out
 
+    async def mig_memory(self, index: int) -> dict[str, tuple[int, int]]:
+        """Memory (used MiB, free MiB) of each MIG device of a GPU, keyed by MIG UUID."""
+        return await self._run(self._mig_memory, index)
+
+    def _mig_memory(self, index: int) -> dict[str, tuple[int, int]]:
+        h = self._handle(index)
+        mode = _optional(pynvml.nvmlDeviceGetMigMode, h)
+        if mode is None or not mode[0]:
+            return {}
+        out: dict[str, tuple[int, int]] = {}
+        for slot in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, h)):
+            try:
+                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+            except pynvml.NVMLError as exc:
+                if isinstance(_translate(exc), errors.NotFound):
+                    continue
+                raise _translate(exc) from None
+            mem = _optional(pynvml.nvmlDeviceGetMemoryInfo, m)
+            if mem is not None:
+                out[_call(pynvml.nvmlDeviceGetUUID, m)] = (int(mem.used) // MIB, int(mem.free) // MIB)
+        return out
+
     # -- NVLink fabric ------------------------------------------------------------------------------------
     async def fabric_clique(self, index: int) -> str | None:
         return await self._run(self._fabric_clique, index)
@@ -693,12 +715,14 @@ class RealNvml:
 
     # -- events --------------------------------------------------------------------------------------------
     def events(
-        self, mask: int = HEALTH_EVENTS, indices: Sequence[int] | None = None
+        self, mask: int = HEALTH_EVENTS, indices: Sequence[int] | None = None, ready: Any = None
     ) -> AsyncIterator[HealthEvent]:
-        """Health events from every (or the given) GPU, as an async iterator fed by its own thread."""
-        return EventPump(
+        """Health events from every (or the given) GPU, as an async iterator fed by its own thread;
+        `ready` (an asyncio.Event) is set once the event set is registered, so nothing after is missed."""
+        pump = EventPump(
             self._pool, self._make_event_set(mask, indices), self._wait_event, self._free_event_set
-        ).run()
+        )
+        return pump.run(ready)
 
     def _make_event_set(self, mask: int, indices: Sequence[int] | None) -> Callable[[], Any]:
         def create() -> Any:

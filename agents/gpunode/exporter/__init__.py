@@ -1,0 +1,1 @@
+"""gpunode-exporter: dcgm-exporter's metrics, names and labels, sampled through NVML."""

@@ -1,0 +1,188 @@
+"""Renders the latest snapshot as dcgm-exporter's metric families (a prometheus_client collector).
+
+Names, help text and labels are dcgm-exporter's, so dashboards keep working. Its counters are named
+without `_total` (e.g. DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION); prometheus_client would rename a counter
+family, so those are exposed as untyped with their exact names. Nothing here calls NVML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from gpunode.exporter.catalog import MetricSpec
+from gpunode.exporter.counters import Counter
+from gpunode.exporter.podresources import PodRef
+from gpunode.exporter.sampler import GpuSample, MigSample, Snapshot
+
+# The messages of the XIDs users meet most (NVIDIA's XID catalog, abridged).
+XID_MESSAGES = {
+    0: "No Error",
+    8: "GPU stopped processing",
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    32: "Invalid or corrupted push buffer stream",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "NVDEC0 Exception",
+    69: "Graphics Engine class error",
+    74: "NVLINK Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+}
+
+HEALTH = "gpunode_gpu_health"
+
+
+@dataclass(frozen=True)
+class Options:
+    hostname: str | None
+    virtual_gpus: bool = False  # KUBERNETES_VIRTUAL_GPUS: one series per sharing pod, with `vgpu`
+
+
+def _telemetry_value(spec: MetricSpec, gpu: GpuSample) -> float | None:
+    tm = gpu.telemetry
+    if tm is None or spec.source is None:
+        return None
+    source = spec.source
+    if source in ("pcie_tx_bytes", "pcie_rx_bytes"):
+        kbs = tm.pcie_tx_kbs if source == "pcie_tx_bytes" else tm.pcie_rx_kbs
+        return None if kbs is None else kbs * 1024.0
+    if source == "memory_total_mib":
+        return float(gpu.info.memory_total_mib)
+    value = getattr(tm, source, None)
+    if value is None or isinstance(value, tuple):
+        return None
+    return float(value)
+
+
+def _mig_value(spec: MetricSpec, mig: MigSample) -> float | None:
+    source = spec.source or ""
+    if "free" in source:
+        return None if mig.memory_free_mib is None else float(mig.memory_free_mib)
+    if "used" in source:
+        return None if mig.memory_used_mib is None else float(mig.memory_used_mib)
+    if source.endswith("memory_total_mib") or "total" in source:
+        return float(mig.device.memory_mib)
+    return None
+
+
+class ExporterCollector:
+    def __init__(self, counters: Sequence[Counter], options: Options, latest: Callable[[], Snapshot]) -> None:
+        self.values = [c for c in counters if c.kind != "label" and c.spec.source is not None]
+        self.label_fields = [c for c in counters if c.kind == "label" and c.spec.source is not None]
+        self.options = options
+        self.latest = latest
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: families depend on the snapshot
+
+    def _identity(self, snap: Snapshot, gpu: GpuSample) -> dict[str, str]:
+        info = gpu.info
+        labels = {
+            "gpu": str(info.index),
+            "UUID": info.uuid,
+            "pci_bus_id": info.pci.bus_id,
+            "device": f"nvidia{info.minor}",
+            "modelName": info.name,
+        }
+        if self.options.hostname:
+            labels["Hostname"] = self.options.hostname
+        for counter in self.label_fields:  # string fields become labels on every series, as in dcgm-exporter
+            value = {
+                "driver_version": snap.driver_version,
+                "nvml_version": snap.nvml_version,
+                "brand": info.brand,
+                "serial": info.serial or "",
+            }.get(counter.spec.source or "")
+            if value is not None:
+                labels[counter.spec.name] = value
+        return labels
+
+    def _with_pods(self, base: dict[str, str], pods: Sequence[PodRef]) -> list[dict[str, str]]:
+        if not pods:
+            return [base]
+        if not self.options.virtual_gpus:
+            p = pods[0]
+            return [{**base, "pod": p.pod, "namespace": p.namespace, "container": p.container}]
+        out = []
+        for p in pods:
+            labels = {**base, "pod": p.pod, "namespace": p.namespace, "container": p.container}
+            if p.vgpu is not None:
+                labels["vgpu"] = p.vgpu
+            out.append(labels)
+        return out
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.latest()
+        att = snap.attribution
+        families: dict[str, Metric] = {}
+
+        def family(counter: Counter) -> Metric:
+            spec = counter.spec
+            fam = families.get(spec.name)
+            if fam is None:  # the counters file's help text: dcgm-exporter's wording, exactly
+                fam = Metric(spec.name, counter.help, "gauge" if counter.kind == "gauge" else "unknown")
+                families[spec.name] = fam
+            return fam
+
+        health = Metric(
+            HEALTH, "1 while NVML answers for the GPU, 0 once it is lost (its identity stays).", "gauge"
+        )
+        for gpu in snap.gpus:
+            base = self._identity(snap, gpu)
+            health.add_sample(HEALTH, base, 1.0 if gpu.healthy else 0.0)
+            pods = att.by_gpu_uuid.get(gpu.info.uuid, ()) if att is not None else ()
+            gpu_labels = self._with_pods(base, pods)
+            for counter in self.values:
+                spec = counter.spec
+                if spec.source == "xid":
+                    xid = snap.xids.get(gpu.info.index, 0)
+                    fam = family(counter)
+                    for labels in gpu_labels:
+                        fam.add_sample(
+                            spec.name,
+                            {**labels, "err_code": str(xid), "err_msg": XID_MESSAGES.get(xid, "Unknown XID")},
+                            float(xid),
+                        )
+                    continue
+                if spec.per_mig and gpu.migs:
+                    for mig in gpu.migs:
+                        value = _mig_value(spec, mig)
+                        if value is None:
+                            continue
+                        mig_base = {
+                            **base,
+                            "GPU_I_PROFILE": mig.device.profile,
+                            "GPU_I_ID": str(mig.device.gi_id),
+                        }
+                        mig_pods = att.by_mig.get((gpu.info.index, mig.device.gi_id), ()) if att else ()
+                        fam = family(counter)
+                        for labels in self._with_pods(mig_base, mig_pods):
+                            fam.add_sample(spec.name, labels, value)
+                    continue
+                value = _telemetry_value(spec, gpu)
+                if value is None:
+                    continue
+                fam = family(counter)
+                for labels in gpu_labels:
+                    fam.add_sample(spec.name, labels, value)
+        yield from families.values()
+        yield health
+
+
+def describe_snapshot(snap: Snapshot) -> dict[str, Any]:
+    return {"gpus": len(snap.gpus), "lost": sum(not g.healthy for g in snap.gpus), "taken_at": snap.taken_at}

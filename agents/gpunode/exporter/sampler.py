@@ -1,0 +1,145 @@
+"""Sampling on its own interval: NVML telemetry, XIDs and pod attribution into one immutable snapshot.
+
+A scrape only renders the latest snapshot; it never calls NVML or the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpunode.common.logging import get_logger
+from gpunode.exporter.podresources import Attribution, PodResourcesClient, PodResourcesUnavailable, attribute
+from gpunode.nvml import errors
+from gpunode.nvml.api import EVENT_XID, EventKind, GpuInfo, MigDevice, Nvml, Telemetry
+
+
+@dataclass(frozen=True)
+class MigSample:
+    device: MigDevice
+    memory_used_mib: int | None
+    memory_free_mib: int | None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    info: GpuInfo
+    telemetry: Telemetry | None  # None: lost (identity series stay, health 0)
+    migs: tuple[MigSample, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return self.telemetry is not None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    driver_version: str
+    gpus: tuple[GpuSample, ...]
+    xids: dict[int, int] = field(default_factory=dict)  # GPU index -> last XID
+    attribution: Attribution | None = None
+    duration_s: float = 0.0
+    nvml_version: str = ""
+
+
+EMPTY = Snapshot(0.0, "", ())
+
+
+class Sampler:
+    def __init__(
+        self,
+        nvml: Nvml,
+        *,
+        interval: float,
+        pods: PodResourcesClient | None = None,
+        resource_names: tuple[str, ...] = (),
+        on_pod_failure: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.nvml = nvml
+        self.interval = interval
+        self.pods = pods
+        self.resource_names = resource_names
+        self.on_pod_failure = on_pod_failure
+        self.clock = clock
+        self.log = get_logger("gpunode.exporter")
+        self.latest: Snapshot = EMPTY
+        self.known: dict[int, GpuInfo] = {}  # every GPU ever seen: a lost one keeps its identity
+        self.xids: dict[int, int] = {}
+        self.driver_version = ""
+        self.nvml_version = ""
+        self.passes = 0
+
+    async def sample(self) -> Snapshot:
+        start = time.perf_counter()
+        if not self.driver_version:
+            system = await self.nvml.system()
+            self.driver_version, self.nvml_version = system.driver_version, system.nvml_version
+        present = {g.index: g for g in await self.nvml.gpus()}
+        self.known.update(present)
+        samples = []
+        for index in sorted(self.known):
+            info = self.known[index]
+            if index not in present:
+                samples.append(GpuSample(info, None))
+                continue
+            try:
+                tm = await self.nvml.telemetry(index)
+                migs: tuple[MigSample, ...] = ()
+                if info.mig is not None and info.mig.current:
+                    devices = await self.nvml.mig_devices(index)
+                    memory = await self.nvml.mig_memory(index)
+                    migs = tuple(MigSample(d, *memory.get(d.uuid, (None, None))) for d in devices)
+            except errors.GpuLost:
+                samples.append(GpuSample(info, None))
+                continue
+            samples.append(GpuSample(info, tm, migs))
+        attribution = await self._attribution(samples)
+        snap = Snapshot(
+            taken_at=self.clock(),
+            driver_version=self.driver_version,
+            gpus=tuple(samples),
+            xids=dict(self.xids),
+            attribution=attribution,
+            duration_s=time.perf_counter() - start,
+            nvml_version=self.nvml_version,
+        )
+        self.latest = snap
+        self.passes += 1
+        return snap
+
+    async def _attribution(self, samples: list[GpuSample]) -> Attribution | None:
+        if self.pods is None:
+            return None
+        try:
+            response = await self.pods.list()
+        except PodResourcesUnavailable as exc:
+            if self.on_pod_failure is not None:
+                self.on_pod_failure(str(exc))
+            return None
+        mig_by_uuid = {m.device.uuid: (s.info.index, m.device.gi_id) for s in samples for m in s.migs}
+        by_name = {f"nvidia{s.info.minor}": s.info.uuid for s in samples}
+        return attribute(
+            response, resource_names=self.resource_names, mig_by_uuid=mig_by_uuid, gpu_by_device_name=by_name
+        )
+
+    async def run(self, on_sample: Callable[[Snapshot], Any] | None = None) -> None:
+        while True:
+            try:
+                snap = await self.sample()
+                if on_sample is not None:
+                    on_sample(snap)
+            except errors.NvmlError as exc:
+                self.log.warning("sample_failed", error=str(exc))
+            await asyncio.sleep(self.interval)
+
+    async def watch_xids(self, ready: asyncio.Event | None = None) -> None:
+        """The last XID per GPU, from NVML events (there is no polled value to read)."""
+        async for ev in self.nvml.events(mask=EVENT_XID, ready=ready):
+            if ev.kind is EventKind.XID and ev.xid is not None:
+                self.xids[ev.gpu_index] = ev.xid
+                self.log.warning("xid", gpu=ev.gpu_index, uuid=ev.gpu_uuid, xid=ev.xid)

@@ -1,0 +1,134 @@
+"""The exporter process: sampler, XID watch and the HTTP endpoint, in one TaskGroup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge
+
+from gpunode.common import sdnotify
+from gpunode.common.http import HealthServer
+from gpunode.common.logging import get_logger
+from gpunode.common.metrics import create_metrics
+from gpunode.common.runtime import trim_memory
+from gpunode.exporter.collector import ExporterCollector, Options
+from gpunode.exporter.counters import Counter, unavailable
+from gpunode.exporter.podresources import PodResourcesClient
+from gpunode.exporter.sampler import Sampler, Snapshot
+from gpunode.nvml.api import Nvml
+
+AGENT = "exporter"
+
+
+@dataclass(frozen=True)
+class ExporterOptions:
+    host: str
+    port: int
+    interval: float
+    counters: Sequence[Counter]
+    hostname: str | None
+    kubernetes: bool = False
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    virtual_gpus: bool = False
+    resource_names: tuple[str, ...] = ()
+
+
+class Exporter:
+    def __init__(self, opts: ExporterOptions, open_nvml: Callable[[], Awaitable[Nvml]]) -> None:
+        self.opts = opts
+        self.open_nvml = open_nvml
+        self.log = get_logger("gpunode.exporter")
+        self.metrics = create_metrics(AGENT)
+        registry = self.metrics.registry
+        self.duration = Gauge(
+            "gpunode_exporter_collection_duration_seconds",
+            "How long the last sampling pass took.",
+            registry=registry,
+        )
+        self.pod_failures = PromCounter(
+            "gpunode_exporter_podresources_failures",
+            "Failed kubelet PodResources List calls.",
+            registry=registry,
+        )
+        self.sampler: Sampler | None = None
+        self.http = HealthServer(registry, host=opts.host, port=opts.port)
+        self.ready = asyncio.Event()
+
+    def latest(self) -> Snapshot:
+        from gpunode.exporter.sampler import EMPTY
+
+        return self.sampler.latest if self.sampler is not None else EMPTY
+
+    def _pod_failure(self, reason: str) -> None:
+        self.pod_failures.inc()
+        self.metrics.count_error("podresources")
+        self.log.warning("podresources_unavailable", error=reason, effect="series without pod labels")
+
+    def _sampled(self, snap: Snapshot) -> None:
+        self.duration.set(snap.duration_s)
+        self.metrics.mark_success("sampling")
+        if not self.ready.is_set():
+            self.ready.set()
+            sdnotify.notify(ready=True, status=f"exporting {len(snap.gpus)} GPUs")
+
+    async def run(self) -> int:
+        missing = unavailable(self.opts.counters)
+        if missing:
+            self.log.info(
+                "metrics_unavailable",
+                metrics=missing,
+                reason="NVML cannot supply them (DCGM profiling, HBM temperature, ...); not faked",
+            )
+        # checked before the endpoint opens: /readyz must never answer "ready" before the first sample
+        self.http.add_check("sampled", lambda: (self.ready.is_set(), "first sample taken"))
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(self.http)
+            except OSError as exc:
+                self.log.error(
+                    "listen_failed", host=self.opts.host or "*", port=self.opts.port, error=str(exc)
+                )
+                return 1
+            nvml = await self.open_nvml()
+            stack.push_async_callback(nvml.close)
+            pods = PodResourcesClient(self.opts.pod_resources_socket) if self.opts.kubernetes else None
+            if pods is not None:
+                stack.push_async_callback(pods.close)
+            self.sampler = Sampler(
+                nvml,
+                interval=self.opts.interval,
+                pods=pods,
+                resource_names=self.opts.resource_names,
+                on_pod_failure=self._pod_failure,
+            )
+            collector = ExporterCollector(
+                self.opts.counters, Options(self.opts.hostname, self.opts.virtual_gpus), self.latest
+            )
+            self.metrics.registry.register(collector)
+            async with asyncio.TaskGroup() as tg:
+                watching = asyncio.Event()
+                tg.create_task(self.sampler.watch_xids(watching), name="xids")
+                await watching.wait()  # ready only once no XID can be missed
+                await self.sampler.sample()
+                self._sampled(self.sampler.latest)
+                trim_memory()
+                tg.create_task(self._sample_forever(), name="sampling")
+                tg.create_task(sdnotify.watchdog_task(), name="watchdog")
+        return 0
+
+    async def _sample_forever(self) -> None:
+        assert self.sampler is not None
+        while True:
+            await asyncio.sleep(self.opts.interval)
+            try:
+                snap = await self.sampler.sample()
+            except Exception:
+                self.log.error("sample_failed", exc_info=True)
+                self.metrics.count_error("sampling")
+                continue
+            self._sampled(snap)
