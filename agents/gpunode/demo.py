@@ -64,6 +64,7 @@ async def _walkthrough(nvml: Nvml, node: sim.SimNode, preset: str) -> None:
         + ", ".join(f"GI {g.id} {g.profile.name}@{g.placement.start}:{g.placement.size}" for g in gis)
     )
     await _labels(nvml)
+    await _metrics(nvml)
     name = mig.parse_profile("1c.3g.20gb")
     print(f"\nprofile grammar: {name} = {name.c} compute slice of a {name.g}g GPU instance with {name.gb} GB")
 
@@ -82,6 +83,32 @@ async def _labels(nvml: Nvml) -> None:
     print("\n== Node labels (gpunode-feature-discovery --mig-strategy mixed)")
     for key, value in sorted(result.labels.items()):
         print(f"{key}={value}")
+
+
+async def _metrics(nvml: Nvml) -> None:
+    """One scrape of what gpunode-exporter serves for this node (dcgm-exporter's names and labels)."""
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry
+
+    from gpunode.common.http import HealthServer
+    from gpunode.exporter.collector import ExporterCollector, Options
+    from gpunode.exporter.counters import load_counters
+    from gpunode.exporter.sampler import Sampler
+
+    sampler = Sampler(nvml, interval=30)
+    snap = await sampler.sample()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(load_counters(None), Options("demo-node"), lambda: snap))
+    wanted = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED")
+    async with HealthServer(registry, host="127.0.0.1", port=0) as http:  # a real HTTP scrape
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"{http.url}/metrics", timeout=5).read()
+        )
+    lines = [line for line in body.decode().splitlines() if line.startswith(wanted)]
+    print("\n== A scrape of gpunode-exporter (a few series)")
+    for line in [*lines[:2], *[x for x in lines if "GPU_I_PROFILE" in x][:2], *lines[-2:]]:
+        print(line)
 
 
 def _on(flag: bool) -> str:

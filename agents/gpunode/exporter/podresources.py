@@ -36,12 +36,13 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import grpc
+if TYPE_CHECKING:  # gRPC loads only when --kubernetes asks for pod attribution (tens of MB otherwise)
+    import grpc
 
-from gpunode._proto.podresources.v1 import api_pb2 as pb
-from gpunode._proto.podresources.v1 import api_pb2_grpc as pb_grpc
+    from gpunode._proto.podresources.v1 import api_pb2 as pb
+    from gpunode._proto.podresources.v1 import api_pb2_grpc as pb_grpc
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
@@ -223,6 +224,10 @@ class PodResourcesClient:
         self._stub: pb_grpc.PodResourcesListerStub | None = None
 
     async def list(self) -> pb.ListPodResourcesResponse:
+        import grpc
+
+        from gpunode._proto.podresources.v1 import api_pb2 as pb
+
         if not self.socket.is_socket():
             await self._drop(self._channel)
             detail = "not a socket" if self.socket.exists() else "missing"
@@ -251,6 +256,10 @@ class PodResourcesClient:
         await self._drop(self._channel)
 
     def _open(self) -> tuple[grpc.aio.Channel, pb_grpc.PodResourcesListerStub]:
+        import grpc
+
+        from gpunode._proto.podresources.v1 import api_pb2_grpc as pb_grpc
+
         if self._channel is None or self._stub is None:
             self._channel = grpc.aio.insecure_channel(
                 f"unix://{self.socket}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
@@ -269,6 +278,8 @@ class PodResourcesClient:
 
 
 def _reason(code: grpc.StatusCode) -> str:
+    import grpc
+
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return PodResourcesUnavailable.TIMEOUT
     if code is grpc.StatusCode.UNAVAILABLE:

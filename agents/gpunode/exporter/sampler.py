@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpunode.common.logging import get_logger
 from gpunode.exporter.podresources import Attribution, PodResourcesClient, PodResourcesUnavailable, attribute
 from gpunode.nvml import errors
-from gpunode.nvml.api import EVENT_XID, EventKind, GpuInfo, MigDevice, Nvml, Telemetry
+from gpunode.nvml.api import EVENT_MIG_CONFIG, EVENT_XID, EventKind, GpuInfo, MigDevice, Nvml, Telemetry
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class Snapshot:
 
 
 EMPTY = Snapshot(0.0, "", ())
+INVENTORY_EVERY = 10  # passes between full inventories (between them: telemetry, MIG mode and devices only)
 
 
 class Sampler:
@@ -70,6 +71,8 @@ class Sampler:
         self.latest: Snapshot = EMPTY
         self.known: dict[int, GpuInfo] = {}  # every GPU ever seen: a lost one keeps its identity
         self.xids: dict[int, int] = {}
+        self.layouts: dict[int, tuple[MigDevice, ...]] = {}  # MIG devices per GPU, kept between passes
+        self.layout_changed: set[int] = set()
         self.driver_version = ""
         self.nvml_version = ""
         self.passes = 0
@@ -79,23 +82,32 @@ class Sampler:
         if not self.driver_version:
             system = await self.nvml.system()
             self.driver_version, self.nvml_version = system.driver_version, system.nvml_version
-        present = {g.index: g for g in await self.nvml.gpus()}
-        self.known.update(present)
+        refresh = self.passes % INVENTORY_EVERY == 0 or not self.known
+        if refresh:
+            self.known.update({g.index: g for g in await self.nvml.gpus()})  # full inventory now and then
         samples = []
         for index in sorted(self.known):
             info = self.known[index]
-            if index not in present:
-                samples.append(GpuSample(info, None))
-                continue
             try:
                 tm = await self.nvml.telemetry(index)
+                mode = await self.nvml.mig_mode(index)
+                if mode != info.mig:
+                    info = self.known[index] = replace(info, mig=mode)
                 migs: tuple[MigSample, ...] = ()
-                if info.mig is not None and info.mig.current:
-                    devices = await self.nvml.mig_devices(index)
-                    memory = await self.nvml.mig_memory(index)
-                    migs = tuple(MigSample(d, *memory.get(d.uuid, (None, None))) for d in devices)
+                if mode is not None and mode.current:
+                    devices = self.layouts.get(index)
+                    if devices is None or index in self.layout_changed or refresh:
+                        # identity of the MIG devices: again only when the layout changed (NVML event)
+                        self.layout_changed.discard(index)
+                        devices = self.layouts[index] = tuple(await self.nvml.mig_devices(index))
+                        migs = tuple(MigSample(d, d.memory_used_mib, d.memory_free_mib) for d in devices)
+                    else:
+                        memory = await self.nvml.mig_memory(index)
+                        migs = tuple(MigSample(d, *memory.get(d.uuid, (None, None))) for d in devices)
+                else:
+                    self.layouts.pop(index, None)
             except errors.GpuLost:
-                samples.append(GpuSample(info, None))
+                samples.append(GpuSample(info, None))  # lost: its identity stays, with health 0
                 continue
             samples.append(GpuSample(info, tm, migs))
         attribution = await self._attribution(samples)
@@ -139,7 +151,10 @@ class Sampler:
 
     async def watch_xids(self, ready: asyncio.Event | None = None) -> None:
         """The last XID per GPU, from NVML events (there is no polled value to read)."""
-        async for ev in self.nvml.events(mask=EVENT_XID, ready=ready):
+        async for ev in self.nvml.events(mask=EVENT_XID | EVENT_MIG_CONFIG, ready=ready):
+            if ev.kind is EventKind.MIG_CONFIG:
+                self.layout_changed.add(ev.gpu_index)
+                continue
             if ev.kind is EventKind.XID and ev.xid is not None:
                 self.xids[ev.gpu_index] = ev.xid
                 self.log.warning("xid", gpu=ev.gpu_index, uuid=ev.gpu_uuid, xid=ev.xid)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
-from prometheus_client import Gauge
 
 from gpunode.common import sdnotify
 from gpunode.common.http import HealthServer
@@ -23,6 +25,7 @@ from gpunode.exporter.sampler import Sampler, Snapshot
 from gpunode.nvml.api import Nvml
 
 AGENT = "exporter"
+SELF_METRICS_MAX_AGE = 1.0  # seconds a rendered scrape is reused (the GPU part: until the next sample)
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,34 @@ class Exporter:
             registry=registry,
         )
         self.sampler: Sampler | None = None
-        self.http = HealthServer(registry, host=opts.host, port=opts.port)
+        self.gpu_registry = CollectorRegistry(auto_describe=False)  # the GPU series, rendered once per sample
+        self._cache: dict[str, tuple[float, float, bytes]] = {}
+        self._cache_lock = threading.Lock()
+        self.http = HealthServer(registry, host=opts.host, port=opts.port, render=self.render)
         self.ready = asyncio.Event()
 
     def latest(self) -> Snapshot:
         from gpunode.exporter.sampler import EMPTY
 
         return self.sampler.latest if self.sampler is not None else EMPTY
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        """A scrape: the GPU series rendered once per snapshot (cached per format), then the live
+        self-metrics. Scrapes cost no NVML call and, between samples, almost no rendering."""
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept)
+        taken = self.latest().taken_at
+        now = time.monotonic()
+        with self._cache_lock:
+            cached = self._cache.get(content_type)
+            if cached is None or cached[0] != taken or now - cached[1] >= SELF_METRICS_MAX_AGE:
+                gpu_part = encoder(self.gpu_registry)
+                if gpu_part.endswith(b"# EOF\n"):  # OpenMetrics: one EOF, at the very end
+                    gpu_part = gpu_part[: -len(b"# EOF\n")]
+                cached = (taken, now, gpu_part + encoder(self.metrics.registry))
+                self._cache[content_type] = cached
+        return cached[2], content_type
 
     def _pod_failure(self, reason: str) -> None:
         self.pod_failures.inc()
@@ -109,7 +133,7 @@ class Exporter:
             collector = ExporterCollector(
                 self.opts.counters, Options(self.opts.hostname, self.opts.virtual_gpus), self.latest
             )
-            self.metrics.registry.register(collector)
+            self.gpu_registry.register(collector)
             async with asyncio.TaskGroup() as tg:
                 watching = asyncio.Event()
                 tg.create_task(self.sampler.watch_xids(watching), name="xids")

@@ -159,6 +159,8 @@ class MigDevice:
     encoders: int
     jpeg: int
     ofa: int
+    memory_used_mib: int | None = None  # at enumeration time
+    memory_free_mib: int | None = None
 
 
 class TopoLevel(enum.IntEnum):

@@ -579,6 +579,7 @@ class RealNvml:
                 raise err from None
             gi_id = _call(pynvml.nvmlDeviceGetGpuInstanceId, m)
             attrs = _call(pynvml.nvmlDeviceGetAttributes_v2, m)
+            mem = _optional(pynvml.nvmlDeviceGetMemoryInfo, m)
             if gi_id not in gi_profiles:
                 found = self._profile_by_attributes(index, attrs)
                 if found is None:  # ambiguous: ask the GPU instance itself
@@ -607,19 +608,18 @@ class RealNvml:
                     encoders=attrs.sharedEncoderCount,
                     jpeg=attrs.sharedJpegCount,
                     ofa=attrs.sharedOfaCount,
+                    memory_used_mib=int(mem.used) // MIB if mem is not None else None,
+                    memory_free_mib=int(mem.free) // MIB if mem is not None else None,
                 )
             )
         return out
 
     async def mig_memory(self, index: int) -> dict[str, tuple[int, int]]:
-        """Memory (used MiB, free MiB) of each MIG device of a GPU, keyed by MIG UUID."""
+        """(used MiB, free MiB) of each MIG device of a GPU by MIG UUID: cheaper than mig_devices()."""
         return await self._run(self._mig_memory, index)
 
     def _mig_memory(self, index: int) -> dict[str, tuple[int, int]]:
         h = self._handle(index)
-        mode = _optional(pynvml.nvmlDeviceGetMigMode, h)
-        if mode is None or not mode[0]:
-            return {}
         out: dict[str, tuple[int, int]] = {}
         for slot in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, h)):
             try:

@@ -289,3 +289,19 @@ def test_absent_pod_resources_socket_still_serves_and_counts(
     failures = samples(text, "gpunode_exporter_podresources_failures_total")
     assert failures
     assert float(failures[0]["__value__"]) >= 1
+
+
+def test_a_mig_layout_made_at_runtime_is_picked_up(exporter: Callable[..., int], node: Path) -> None:
+    port = exporter("-c", "200")
+    with sim.SimNode.open(node).mutate() as st:
+        st.set_mig_mode(4, 1)
+        st.reset_gpu(4)
+        _, gi = st.create_gi(4, mig.GI_2_SLICE, None)
+        st.create_ci(4, gi, mig.CI_2_SLICE, None)
+    deadline = time.monotonic() + 5
+    while True:
+        used = [s for s in samples(scrape(port)[0], "DCGM_FI_DEV_FB_USED") if s["gpu"] == "4"]
+        if [s.get("GPU_I_PROFILE") for s in used] == ["2g.10gb"]:
+            break
+        assert time.monotonic() < deadline, used
+        time.sleep(0.1)

@@ -1,0 +1,219 @@
+"""Exporter figures (issue 5), on the simulated dgx-a100 with 56 MIG devices (7 x 1g.5gb per GPU).
+
+    .venv/bin/python benchmarks/exporter.py [--quick] [--json]
+
+1. One sampling pass (NVML telemetry + MIG devices + memory), in-process: target <= 20 ms.
+2. Scrape latency of a real `gpunode-exporter` process, one client: p99 <= 5 ms.
+3. 50 concurrent scrapers for 30 s (5 s with --quick): no error, p99 <= 50 ms.
+4. The exporter's RSS after the load: <= 50 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchlib import load_average, machine_base
+from gpunode.exporter.sampler import Sampler
+from gpunode.nvml import mig, sim
+from gpunode.nvml.real import RealNvml
+
+EXPORTER = str(Path(sys.executable).with_name("gpunode-exporter"))
+
+
+def build_56_mig(state: Path) -> None:
+    sim.init_state_file(state, "dgx-a100", force=True)
+    with sim.SimNode.open(state).mutate() as st:
+        for gpu in range(8):
+            st.set_mig_mode(gpu, 1)
+            st.reset_gpu(gpu)
+            for _ in range(7):
+                _, gi = st.create_gi(gpu, mig.GI_1_SLICE, None)
+                st.create_ci(gpu, gi, mig.CI_1_SLICE, None)
+
+
+async def sampling_ms(state: Path, rounds: int) -> list[float]:
+    sim.install(state=state)
+    nvml = await RealNvml.open()
+    sampler = Sampler(nvml, interval=30)
+    times = []
+    try:
+        for _ in range(rounds):
+            snap = await sampler.sample()
+            times.append(snap.duration_s * 1000)
+        assert sum(len(g.migs) for g in snap.gpus) == 56
+    finally:
+        await nvml.close()
+        sim.uninstall()
+    return times
+
+
+def one_scrape(port: int) -> float:
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    if resp.status != 200 or b"DCGM_FI_DEV_FB_USED" not in body:
+        raise RuntimeError(f"bad scrape: {resp.status}")
+    return (time.perf_counter() - t0) * 1000
+
+
+def concurrent(port: int, clients: int, seconds: float, pause: float = 0.0) -> tuple[list[float], int]:
+    times: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def worker() -> None:
+        nonlocal errors
+        while time.monotonic() < stop:
+            try:
+                ms = one_scrape(port)
+            except Exception:
+                with lock:
+                    errors += 1
+                continue
+            with lock:
+                times.append(ms)
+            if pause:
+                time.sleep(pause)
+
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return times, errors
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rounds, scrapes, load_s = (30, 300, 5.0) if args.quick else (200, 2000, 30.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "node.json"
+        build_56_mig(state)
+        passes = asyncio.run(sampling_ms(state, rounds))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        proc = subprocess.Popen(
+            [EXPORTER, "--sim-state", str(state), "-a", f"127.0.0.1:{port}", "-c", "30000"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    one_scrape(port)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            for _ in range(50):
+                one_scrape(port)
+            single = [one_scrape(port) for _ in range(scrapes)]
+            loaded, errors = concurrent(port, 50, load_s, pause=0.2)  # 50 scrapers, 5 scrapes/s each
+            saturated, sat_errors = concurrent(port, 50, min(load_s, 5.0))  # closed loop: no pause
+            rss = psutil.Process(proc.pid).memory_full_info()
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    figures: dict[str, Any] = {
+        "sampling_ms": {"p50": statistics.median(passes), "p99": pct(passes, 0.99)},
+        "scrape_ms": {"p50": statistics.median(single), "p99": pct(single, 0.99)},
+        "concurrent_ms": {
+            "p50": statistics.median(loaded),
+            "p99": pct(loaded, 0.99),
+            "requests": len(loaded),
+            "errors": errors,
+        },
+        "saturation": {
+            "p50": statistics.median(saturated),
+            "p99": pct(saturated, 0.99),
+            "rps": len(saturated) / min(load_s, 5.0),
+            "errors": sat_errors,
+        },
+        "rss_mb": rss.rss / 1e6,
+        "uss_mb": rss.uss / 1e6,
+        "pss_mb": rss.pss / 1e6,
+    }
+    info = machine_base(load_average=load_average())
+    if args.json:
+        print(json.dumps({"machine": info, "figures": figures}, indent=2))
+        return 0
+    c, sat = figures["concurrent_ms"], figures["saturation"]
+    rows = [
+        (
+            "sampling pass (56 MIG devices)",
+            figures["sampling_ms"]["p50"],
+            figures["sampling_ms"]["p99"],
+            "p50 <= 20 ms",
+            figures["sampling_ms"]["p50"] <= 20,
+        ),
+        (
+            "scrape, one client",
+            figures["scrape_ms"]["p50"],
+            figures["scrape_ms"]["p99"],
+            "p99 <= 5 ms",
+            figures["scrape_ms"]["p99"] <= 5,
+        ),
+        (
+            f"50 scrapers back to back ({sat['rps']:.0f} req/s, {sat['errors']} err)",
+            sat["p50"],
+            sat["p99"],
+            "p99 <= 50 ms, 0 errors",
+            sat["p99"] <= 50 and sat["errors"] == 0,
+        ),
+        (
+            f"50 scrapers x 5/s for {load_s:.0f} s ({c['requests']} req, {c['errors']} err)",
+            c["p50"],
+            c["p99"],
+            "p99 <= 50 ms, 0 errors",
+            c["p99"] <= 50 and c["errors"] == 0,
+        ),
+    ]
+    mode = "quick" if args.quick else "full"
+    print(
+        f"Exporter benchmark ({mode} run); {info['cpu']}, {info['cpus_usable']} CPUs, {info['python']}, "
+        f"load {info['load_average']}"
+    )
+    print(f"{'figure':<58}{'median':>10}{'p99':>10}  target")
+    for name, p50, p99, target, ok in rows:
+        print(f"{name:<58}{p50:>8.2f}ms{p99:>8.2f}ms  {target:<24}{'PASS' if ok else 'FAIL'}")
+    rss_ok = figures["rss_mb"] <= 50
+    print(
+        f"{'exporter RSS after the load':<58}{figures['rss_mb']:>8.1f}MB{'':>10}  {'<= 50 MB':<24}"
+        f"{'PASS' if rss_ok else 'FAIL'}  (USS {figures['uss_mb']:.1f}, PSS {figures['pss_mb']:.1f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
