@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/nvml_sim.py
 	$(BIN)/python benchmarks/device_plugin.py
 	$(BIN)/python benchmarks/feature_discovery.py
+	$(BIN)/python benchmarks/exporter.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
