@@ -45,6 +45,8 @@ XID_MESSAGES = {
 }
 
 HEALTH = "gpunode_gpu_health"
+SHARE = "gpunode_mig_instance_sm_share"
+APPROXIMATE = frozenset({"pcie_tx_bytes", "pcie_rx_bytes"})
 
 
 @dataclass(frozen=True)
@@ -134,19 +136,35 @@ class ExporterCollector:
         def family(counter: Counter) -> Metric:
             spec = counter.spec
             fam = families.get(spec.name)
-            if fam is None:  # the counters file's help text: dcgm-exporter's wording, exactly
-                fam = Metric(spec.name, counter.help, "gauge" if counter.kind == "gauge" else "unknown")
+            if fam is None:
+                # the counters file's help text (dcgm-exporter's wording), except where our value is an
+                # approximation: then the catalog's help, which says so
+                text = spec.help if spec.source in APPROXIMATE else counter.help
+                fam = Metric(spec.name, text, "gauge" if counter.kind == "gauge" else "unknown")
                 families[spec.name] = fam
             return fam
 
         health = Metric(
             HEALTH, "1 while NVML answers for the GPU, 0 once it is lost (its identity stays).", "gauge"
         )
+        share = Metric(
+            SHARE,
+            "The MIG instance's share of its GPU's SMs (NVML reports no utilisation per MIG instance).",
+            "gauge",
+        )
         for gpu in snap.gpus:
             base = self._identity(snap, gpu)
             health.add_sample(HEALTH, base, 1.0 if gpu.healthy else 0.0)
             pods = att.by_gpu_uuid.get(gpu.info.uuid, ()) if att is not None else ()
             gpu_labels = self._with_pods(base, pods)
+            for mig in gpu.migs:
+                if gpu.info.sm_count:
+                    mig_base = {
+                        **base,
+                        "GPU_I_PROFILE": mig.device.profile,
+                        "GPU_I_ID": str(mig.device.gi_id),
+                    }
+                    share.add_sample(SHARE, mig_base, mig.device.sm_count / gpu.info.sm_count)
             for counter in self.values:
                 spec = counter.spec
                 if spec.source == "xid":
@@ -182,6 +200,7 @@ class ExporterCollector:
                     fam.add_sample(spec.name, labels, value)
         yield from families.values()
         yield health
+        yield share
 
 
 def describe_snapshot(snap: Snapshot) -> dict[str, Any]:

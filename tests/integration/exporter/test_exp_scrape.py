@@ -108,6 +108,7 @@ def test_scrape_has_dcgm_names_labels_and_values(exporter: Callable[..., int]) -
     power = float(samples(text, "DCGM_FI_DEV_POWER_USAGE")[0]["__value__"])
     assert 40 <= power <= 400  # watts, not milliwatts
     assert "# TYPE DCGM_FI_DEV_GPU_UTIL gauge" in text
+    assert "approximat" in text.split("# HELP DCGM_FI_PROF_PCIE_TX_BYTES", 1)[1].splitlines()[0].lower()
     assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in text  # needs DCGM profiling: never faked
     om, om_type = scrape(port, "application/openmetrics-text; version=1.0.0")
     assert om_type.startswith("application/openmetrics-text")
