@@ -31,6 +31,9 @@ SPECIAL_SOURCES: dict[str, str] = {
     "memory_total_mib": "GpuInfo.memory_total_mib; for a MIG device, MigDevice.memory_mib",
     "pcie_tx_bytes": "Telemetry.pcie_tx_kbs x 1024 (NVML's PCIe throughput sample, KB/s)",
     "pcie_rx_bytes": "Telemetry.pcie_rx_kbs x 1024 (NVML's PCIe throughput sample, KB/s)",
+    "gpm_graphics": "NVML GPM GRAPHICS_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
+    "gpm_tensor": "NVML GPM ANY_TENSOR_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
+    "gpm_dram": "NVML GPM DRAM_BW_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
 }
 
 
@@ -58,6 +61,7 @@ class MetricSpec:
 
 
 _NO_DCGM_PROF = "needs DCGM's profiling module (Hopper+: NVML GPM); not sampled, never faked"
+_GPM = "from NVML GPM on Hopper and later; GPUs without GPM get no series (logged once), never a fake value"
 _PCIE_APPROX = (
     " gpunode approximates it from NVML's PCIe throughput sample (KB/s over about 20 ms, times 1024)."
 )
@@ -202,8 +206,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         "Ratio of time the graphics engine is active.",
         "ratio",
-        None,
-        note=_NO_DCGM_PROF,
+        "gpm_graphics",
+        note=_GPM,
     ),
     MetricSpec(
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
@@ -211,8 +215,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         "Ratio of cycles the tensor (HMMA) pipe is active.",
         "ratio",
-        None,
-        note=_NO_DCGM_PROF,
+        "gpm_tensor",
+        note=_GPM,
     ),
     MetricSpec(
         "DCGM_FI_PROF_DRAM_ACTIVE",
@@ -220,8 +224,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         "Ratio of cycles the device memory interface is active sending or receiving data.",
         "ratio",
-        None,
-        note=_NO_DCGM_PROF,
+        "gpm_dram",
+        note=_GPM,
     ),
     MetricSpec(
         "DCGM_FI_PROF_PCIE_TX_BYTES",

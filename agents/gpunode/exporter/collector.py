@@ -63,6 +63,9 @@ def _telemetry_value(spec: MetricSpec, gpu: GpuSample) -> float | None:
     if source in ("pcie_tx_bytes", "pcie_rx_bytes"):
         kbs = tm.pcie_tx_kbs if source == "pcie_tx_bytes" else tm.pcie_rx_kbs
         return None if kbs is None else kbs * 1024.0
+    if source.startswith("gpm_"):  # NVML GPM percentages; dcgm-exporter's PROF values are ratios
+        pct = gpu.gpm.get(source[4:]) if gpu.gpm else None
+        return None if pct is None else pct / 100.0
     if source == "memory_total_mib":
         return float(gpu.info.memory_total_mib)
     value = getattr(tm, source, None)

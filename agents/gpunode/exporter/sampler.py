@@ -29,6 +29,7 @@ class GpuSample:
     info: GpuInfo
     telemetry: Telemetry | None  # None: lost (identity series stay, health 0)
     migs: tuple[MigSample, ...] = ()
+    gpm: dict[str, float] | None = None  # NVML GPM activity in %, Hopper and later
 
     @property
     def healthy(self) -> bool:
@@ -73,6 +74,7 @@ class Sampler:
         self.xids: dict[int, int] = {}
         self.layouts: dict[int, tuple[MigDevice, ...]] = {}  # MIG devices per GPU, kept between passes
         self.layout_changed: set[int] = set()
+        self.no_gpm: set[int] = set()
         self.driver_version = ""
         self.nvml_version = ""
         self.passes = 0
@@ -109,7 +111,16 @@ class Sampler:
             except errors.GpuLost:
                 samples.append(GpuSample(info, None))  # lost: its identity stays, with health 0
                 continue
-            samples.append(GpuSample(info, tm, migs))
+            gpm = await self.nvml.gpm_utilization(index) if index not in self.no_gpm else None
+            if gpm is None and self.passes >= 1 and index not in self.no_gpm:
+                self.no_gpm.add(index)  # the first call only starts the window; after that None means no GPM
+                self.log.info(
+                    "profiling_metrics_unavailable",
+                    gpu=index,
+                    reason="no NVML GPM on this GPU",
+                    metrics="DCGM_FI_PROF_GR_ENGINE_ACTIVE, _PIPE_TENSOR_ACTIVE, _DRAM_ACTIVE",
+                )
+            samples.append(GpuSample(info, tm, migs, gpm))
         attribution = await self._attribution(samples)
         snap = Snapshot(
             taken_at=self.clock(),

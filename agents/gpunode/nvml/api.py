@@ -328,6 +328,11 @@ class Nvml(Protocol):
 
     async def mig_memory(self, index: int) -> dict[str, tuple[int, int]]: ...
 
+    async def gpm_utilization(self, index: int) -> dict[str, float] | None:
+        """GPM activity (Hopper and later) since the previous call for this GPU, in percent, keyed
+        "graphics", "tensor" and "dram"; None without GPM and on the first call (nothing to measure from)."""
+        ...
+
     def events(
         self, mask: int = HEALTH_EVENTS, indices: Sequence[int] | None = None, ready: Any = None
     ) -> AsyncIterator[HealthEvent]:

@@ -121,6 +121,28 @@ def _addr(handle: Any) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
+# GPM metrics gpm_utilization() reports: result key -> NVML_GPM_METRIC_* id
+GPM_METRICS = {
+    "graphics": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+    "tensor": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "dram": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+}
+
+
+class _GpmSamples:
+    """One GPU's two GPM sample buffers: the previous sample and the one the next call fills."""
+
+    def __init__(self, previous: Any, scratch: Any) -> None:
+        self.previous = previous
+        self.scratch = scratch
+        self.primed = False  # whether `previous` holds a sample
+
+    def advance(self) -> None:
+        """The sample just taken (in `scratch`) becomes the previous one; the old buffer is reused."""
+        self.previous, self.scratch = self.scratch, self.previous
+        self.primed = True
+
+
 # -- the library ---------------------------------------------------------------------------------------------
 class RealNvml:
     """`gpunode.nvml.api.Nvml` over pynvml. Create with `await RealNvml.open(...)`."""
@@ -131,6 +153,8 @@ class RealNvml:
         self._uuids: dict[int, str] = {}
         self._gi_profiles: dict[int, list[GiProfile]] = {}
         self._totals: dict[int, int] = {}
+        self._gpm_support: dict[int, bool] = {}
+        self._gpm_samples: dict[int, _GpmSamples] = {}
         self._count = 0
         self._closed = False
 
@@ -188,11 +212,21 @@ class RealNvml:
             return
         self._closed = True
         try:
-            await self._run(_call, pynvml.nvmlShutdown)
+            await self._run(self._shutdown)
         except errors.NvmlError:
             pass
         finally:
             self._pool.shutdown(wait=True)
+
+    def _shutdown(self) -> None:
+        for samples in self._gpm_samples.values():
+            for sample in (samples.previous, samples.scratch):
+                try:
+                    pynvml.nvmlGpmSampleFree(sample)
+                except pynvml.NVMLError:
+                    pass
+        self._gpm_samples.clear()
+        _call(pynvml.nvmlShutdown)
 
     # -- system and inventory ------------------------------------------------------------------------------
     async def system(self) -> SystemInfo:
@@ -712,6 +746,72 @@ class RealNvml:
             pstate=o(pynvml.nvmlDeviceGetPerformanceState, h),
             processes=tuple((int(p.pid), int(p.usedGpuMemory or 0) // MIB) for p in procs),
         )
+
+    # -- GPM (Hopper and later) ----------------------------------------------------------------------------
+    async def gpm_utilization(self, index: int) -> dict[str, float] | None:
+        """GPM activity of a GPU since the previous call, in percent: {"graphics", "tensor", "dram"}.
+
+        None where the GPU has no GPM (before Hopper, or a driver without it) and on the first call for a
+        GPU, which only takes the sample the next call measures from. Each call measures the interval
+        since the previous call for that GPU, whoever made it: one caller per GPU should own the cadence.
+        A metric the GPU cannot report is left out of the dict. Raises GpuLost for a lost GPU (the next
+        call after that starts over and returns None).
+        """
+        return await self._run(self._gpm_utilization, index)
+
+    def _gpm_supported(self, index: int, h: Any) -> bool:
+        supported = self._gpm_support.get(index)
+        if supported is None:
+            info = _optional(pynvml.nvmlGpmQueryDeviceSupport, h)
+            supported = info is not None and bool(info.isSupportedDevice)
+            self._gpm_support[index] = supported
+        return supported
+
+    def _gpm_buffers(self, index: int) -> _GpmSamples:
+        samples = self._gpm_samples.get(index)
+        if samples is None:
+            first = _call(pynvml.nvmlGpmSampleAlloc)
+            try:
+                second = _call(pynvml.nvmlGpmSampleAlloc)
+            except errors.NvmlError:
+                pynvml.nvmlGpmSampleFree(first)
+                raise
+            samples = self._gpm_samples[index] = _GpmSamples(first, second)
+        return samples
+
+    def _gpm_utilization(self, index: int) -> dict[str, float] | None:
+        h = self._handle(index)
+        if not self._gpm_supported(index, h):
+            return None
+        samples = self._gpm_buffers(index)
+        try:
+            pynvml.nvmlGpmSampleGet(h, samples.scratch)
+        except pynvml.NVMLError as exc:
+            samples.primed = False  # no usable interval until a fresh sample is taken
+            err = _translate(exc)
+            if isinstance(err, (errors.NotSupported, errors.FunctionNotFound)):
+                return None
+            raise err from None
+        if not samples.primed:
+            samples.advance()
+            return None
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(GPM_METRICS)
+        request.sample1 = samples.previous
+        request.sample2 = samples.scratch
+        for i, metric_id in enumerate(GPM_METRICS.values()):
+            request.metrics[i].metricId = metric_id
+        samples.advance()
+        result = _optional(pynvml.nvmlGpmMetricsGet, request)
+        if result is None:
+            return None
+        out: dict[str, float] = {}
+        for i, name in enumerate(GPM_METRICS):
+            metric = request.metrics[i]
+            if metric.nvmlReturn == pynvml.NVML_SUCCESS:
+                out[name] = max(0.0, min(100.0, float(metric.value)))
+        return out
 
     # -- events --------------------------------------------------------------------------------------------
     def events(

@@ -306,3 +306,37 @@ def test_a_mig_layout_made_at_runtime_is_picked_up(exporter: Callable[..., int],
             break
         assert time.monotonic() < deadline, used
         time.sleep(0.1)
+
+
+def test_profiling_ratios_come_from_gpm_on_hopper(tmp_path: Path) -> None:
+    state = tmp_path / "h100.json"
+    sim.init_state_file(state, "dgx-h100")
+    port = free_port()
+    p = subprocess.Popen(
+        [EXPORTER, "--sim-state", str(state), "-a", f"127.0.0.1:{port}", "-c", "200"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                active = samples(scrape(port)[0], "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+            except OSError:
+                active = []
+            if len(active) == 8:
+                break
+            assert time.monotonic() < deadline, "no GPM-based series"
+            time.sleep(0.1)
+        text = scrape(port)[0]
+        for name in (
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+        ):
+            values = [float(s["__value__"]) for s in samples(text, name)]
+            assert len(values) == 8
+            assert all(0.0 <= v <= 1.0 for v in values)  # ratios, as dcgm-exporter's
+    finally:
+        p.terminate()
+        p.wait(10)

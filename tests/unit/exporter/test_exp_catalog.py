@@ -100,6 +100,9 @@ SPECIAL_ORIGINS: dict[str, list[tuple[type, str]]] = {
     "memory_total_mib": [(GpuInfo, "memory_total_mib"), (MigDevice, "memory_mib")],
     "pcie_tx_bytes": [(Telemetry, "pcie_tx_kbs")],
     "pcie_rx_bytes": [(Telemetry, "pcie_rx_kbs")],
+    "gpm_graphics": [],  # RealNvml.gpm_utilization()["graphics"]
+    "gpm_tensor": [],
+    "gpm_dram": [],
 }
 
 UNAVAILABLE_DEFAULTS = {
@@ -107,9 +110,6 @@ UNAVAILABLE_DEFAULTS = {
     "DCGM_FI_DEV_FB_RESERVED",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
 }
 
 ALL_SPECS = list(CATALOG.values())
@@ -185,10 +185,15 @@ def test_unavailable_defaults_have_no_source() -> None:
     assert not {"memory_temp_c", "memory_reserved_mib", "fb_reserved_mib"} & TELEMETRY_FIELDS
 
 
-def test_profiling_ratios_are_never_faked() -> None:
+def test_profiling_ratios_come_from_gpm_or_nowhere() -> None:
     prof = [s for s in ALL_SPECS if s.name.startswith("DCGM_FI_PROF_") and "PCIE" not in s.name]
     assert prof
-    assert all(s.source is None for s in prof)
+    from_gpm = {s.name: s.source for s in prof if s.source is not None}
+    assert from_gpm == {
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gpm_graphics",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gpm_tensor",
+        "DCGM_FI_PROF_DRAM_ACTIVE": "gpm_dram",
+    }
 
 
 def test_pcie_rates_come_from_the_nvml_throughput_sample() -> None:

@@ -74,9 +74,6 @@ UNAVAILABLE_DEFAULTS = [
     "DCGM_FI_DEV_FB_RESERVED",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
 ]
 
 
@@ -123,12 +120,12 @@ def test_unavailable_in_the_default_set() -> None:
 
 def test_unavailable_keeps_file_order_and_skips_available() -> None:
     counters = parse_counters(
-        "DCGM_FI_PROF_DRAM_ACTIVE, gauge, x\n"
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, counter, x\n"
         "DCGM_FI_DEV_GPU_UTIL, gauge, y\n"
         "DCGM_FI_DEV_MEMORY_TEMP, gauge, z\n",
         "t.csv",
     )
-    assert unavailable(counters) == ["DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_DEV_MEMORY_TEMP"]
+    assert unavailable(counters) == ["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_MEMORY_TEMP"]
     assert unavailable([]) == []
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpunode.nvml import mig
 from gpunode.nvml.sim import codes
 from gpunode.nvml.sim.node import SimNode
-from gpunode.nvml.sim.presets import Product, links_to_switches
+from gpunode.nvml.sim.presets import ARCH_HOPPER, Product, links_to_switches
 from gpunode.nvml.sim.state import (
     EVENT_CLOCK,
     EVENT_DBE,
@@ -49,6 +50,11 @@ TOPO_INTERNAL, TOPO_MULTIPLE, TOPO_NODE, TOPO_SYSTEM = 0, 20, 40, 50
 NVLINK_DEVICE_GPU, NVLINK_DEVICE_SWITCH = 0x00, 0x02
 FIELD_TOTAL_ENERGY = 83
 FIELD_POWER_INSTANT = 186
+GPM_SUPPORT_VERSION = 1
+GPM_METRICS_GET_VERSION = 1
+GPM_GRAPHICS_UTIL, GPM_ANY_TENSOR_UTIL, GPM_DRAM_BW_UTIL = 1, 5, 10
+GPM_TENSOR_SHARE = 0.55  # of graphics activity, spent in tensor cores
+GPM_POINTS = 10  # utilisation points averaged over a GPM interval
 CArgObject = type(ctypes.byref(ctypes.c_int()))
 
 
@@ -168,7 +174,17 @@ class _Symbol:
 
 
 # -- handle kinds --------------------------------------------------------------------------------------
-DEV, MIGDEV, GI, CI, EVSET = "dev", "mig", "gi", "ci", "evset"
+DEV, MIGDEV, GI, CI, EVSET, GPM = "dev", "mig", "gi", "ci", "evset", "gpm"
+
+
+@dataclass
+class _GpmSample:
+    """What nvmlGpmSampleGet recorded into an allocated sample (gpu None: never filled)."""
+
+    gpu: int | None = None
+    gi: int | None = None  # GPU instance id for nvmlGpmMigSampleGet, None for the whole GPU
+    time: float = 0.0
+    seq: int = 0  # order in which samples were taken
 
 
 class _EventSet:
@@ -195,6 +211,9 @@ class FakeNvmlLib:
         self._by_addr: dict[int, tuple[Any, ...]] = {}
         self._event_sets: dict[int, _EventSet] = {}
         self._next_evset = 1
+        self._gpm_samples: dict[int, _GpmSample] = {}
+        self._next_gpm = 1
+        self._gpm_seq = 0
         self._symbols: dict[str, _Symbol] = {}
         self._register()
 
@@ -394,6 +413,13 @@ class FakeNvmlLib:
             ("nvmlDeviceGetFanSpeed", "hp", d(lambda st, k, p: codes.NOT_SUPPORTED)),
             ("nvmlDeviceGetComputeRunningProcesses_v3", "hpn", d(self._processes, mig_ok=True)),
             ("nvmlDeviceGetFieldValues", "hvp", d(self._field_values)),
+            # GPM (Hopper and later)
+            ("nvmlGpmQueryDeviceSupport", "hp", d(self._gpm_support)),
+            ("nvmlGpmSampleAlloc", "p", self._sys(self._gpm_alloc)),
+            ("nvmlGpmSampleFree", "h", self._gpm_free),
+            ("nvmlGpmSampleGet", "hh", d(self._gpm_sample_get)),
+            ("nvmlGpmMigSampleGet", "hvh", d(self._gpm_mig_sample_get)),
+            ("nvmlGpmMetricsGet", "p", self._sys(self._gpm_metrics_get)),
         ]
 
     # -- call plumbing ---------------------------------------------------------------------------------
@@ -1285,6 +1311,96 @@ class FakeNvmlLib:
                 fv.value.uiVal = tm.power_mw
             else:
                 fv.nvmlReturn = codes.NOT_SUPPORTED
+        return codes.SUCCESS
+
+    # -- GPM -------------------------------------------------------------------------------------------
+    def _gpm_support(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+        info = _out(p)
+        if info.version != GPM_SUPPORT_VERSION:
+            return codes.ARGUMENT_VERSION_MISMATCH
+        info.isSupportedDevice = int(st.product(key[1]).architecture >= ARCH_HOPPER)
+        return codes.SUCCESS
+
+    def _gpm_alloc(self, st: NodeState, out: Any) -> int:
+        n = self._next_gpm
+        self._next_gpm += 1
+        self._gpm_samples[n] = _GpmSample()
+        self._write_handle(out, (GPM, n))  # a fresh address per sample, never reused
+        return codes.SUCCESS
+
+    def _gpm_free(self, sample: Any) -> int:
+        with self.node.lock:
+            key = self._key(sample)
+            if key is None or key[0] != GPM or key[1] not in self._gpm_samples:
+                return codes.INVALID_ARGUMENT
+            del self._gpm_samples[key[1]]
+            self._by_addr.pop(self._by_key.pop(key))  # a freed handle is no longer a sample
+            return codes.SUCCESS
+
+    def _gpm_sample(self, handle: Any) -> _GpmSample | None:
+        key = self._key(handle)
+        return None if key is None or key[0] != GPM else self._gpm_samples.get(key[1])
+
+    def _gpm_record(self, st: NodeState, gpu: int, gi: int | None, handle: Any) -> int:
+        if st.product(gpu).architecture < ARCH_HOPPER:
+            return codes.NOT_SUPPORTED
+        sample = self._gpm_sample(handle)
+        if sample is None:
+            return codes.INVALID_ARGUMENT
+        self._gpm_seq += 1
+        sample.gpu, sample.gi, sample.time, sample.seq = gpu, gi, self.node.clock(), self._gpm_seq
+        return codes.SUCCESS
+
+    def _gpm_sample_get(self, st: NodeState, key: tuple[Any, ...], sample: Any) -> int:
+        return self._gpm_record(st, key[1], None, sample)
+
+    def _gpm_mig_sample_get(self, st: NodeState, key: tuple[Any, ...], gi_id: Any, sample: Any) -> int:
+        if st.product(key[1]).architecture < ARCH_HOPPER:
+            return codes.NOT_SUPPORTED
+        gi = _val(gi_id)
+        if st.gpus[key[1]].mig_current != 1 or st.find_gi(key[1], gi) is None:
+            return codes.INVALID_ARGUMENT
+        return self._gpm_record(st, key[1], gi, sample)
+
+    @staticmethod
+    def _gpm_average(st: NodeState, gpu: int, t1: float, t2: float) -> tuple[float, float]:
+        """(graphics, memory) utilisation averaged over [t1, t2]: the midpoints of GPM_POINTS slices."""
+        if t2 <= t1:
+            points = [t2]
+        else:
+            step = (t2 - t1) / GPM_POINTS
+            points = [t1 + (i + 0.5) * step for i in range(GPM_POINTS)]
+        samples = [telemetry(st, gpu, t) for t in points]
+        graphics = sum(tm.gpu_util for tm in samples) / len(samples)
+        memory = sum(tm.mem_util for tm in samples) / len(samples)
+        return graphics, memory
+
+    def _gpm_metrics_get(self, st: NodeState, p: Any) -> int:
+        mg = _out(p)
+        if mg.version != GPM_METRICS_GET_VERSION:
+            return codes.ARGUMENT_VERSION_MISMATCH
+        s1, s2 = self._gpm_sample(mg.sample1), self._gpm_sample(mg.sample2)
+        if s1 is None or s2 is None or s1.gpu is None or s2.gpu is None:
+            return codes.INVALID_ARGUMENT
+        if s1.gpu != s2.gpu or s1.gi != s2.gi or s1.seq >= s2.seq:
+            return codes.INVALID_ARGUMENT  # two samples of one GPU (or GI), the older one first
+        metrics = mg.metrics
+        n = int(mg.numMetrics)
+        if n > len(metrics):
+            return codes.INVALID_ARGUMENT
+        graphics, memory = self._gpm_average(st, s1.gpu, s1.time, s2.time)
+        values = {
+            GPM_GRAPHICS_UTIL: graphics,
+            GPM_ANY_TENSOR_UTIL: graphics * GPM_TENSOR_SHARE,
+            GPM_DRAM_BW_UTIL: memory,
+        }
+        for i in range(n):
+            m = metrics[i]
+            value = values.get(int(m.metricId))
+            if value is None:
+                m.nvmlReturn, m.value = codes.NOT_SUPPORTED, 0.0
+            else:
+                m.nvmlReturn, m.value = codes.SUCCESS, value
         return codes.SUCCESS
 
 
