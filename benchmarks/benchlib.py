@@ -8,6 +8,21 @@ from pathlib import Path
 from typing import Any
 
 
+def build_56_mig(state: Path) -> None:
+    """A shared simulated dgx-a100 with MIG on every GPU: 7 x 1g.5gb each, 56 MIG devices."""
+    from gpunode.nvml import mig, sim
+
+    sim.init_state_file(state, "dgx-a100", force=True)
+    with sim.SimNode.open(state).mutate() as st:
+        for gpu in range(8):
+            st.set_mig_mode(gpu, 1)
+            st.reset_gpu(gpu)
+            for _ in range(7):
+                ret, gi = st.create_gi(gpu, mig.GI_1_SLICE, None)
+                assert ret == 0
+                assert st.create_ci(gpu, gi, mig.CI_1_SLICE, None)[0] == 0
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

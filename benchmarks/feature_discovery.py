@@ -24,27 +24,15 @@ from typing import Any
 
 import psutil
 
-from benchlib import load_average, machine_base
+from benchlib import build_56_mig, load_average, machine_base
 from gpunode.common.hostpaths import HostPaths
 from gpunode.feature_discovery.facts import gather_facts
 from gpunode.feature_discovery.labels import compute_labels
 from gpunode.feature_discovery.output import render
-from gpunode.nvml import mig, sim
+from gpunode.nvml import sim
 from gpunode.nvml.real import RealNvml
 
 FD = str(Path(sys.executable).with_name("gpunode-feature-discovery"))
-
-
-def build_56_mig(state: Path) -> None:
-    sim.init_state_file(state, "dgx-a100", force=True)
-    with sim.SimNode.open(state).mutate() as st:
-        for gpu in range(8):
-            st.set_mig_mode(gpu, 1)
-            st.reset_gpu(gpu)
-            for _ in range(7):
-                ret, gi = st.create_gi(gpu, mig.GI_1_SLICE, None)
-                assert ret == 0
-                assert st.create_ci(gpu, gi, mig.CI_1_SLICE, None)[0] == 0
 
 
 async def labeling_pass_ms(state: Path, rounds: int) -> list[float]:

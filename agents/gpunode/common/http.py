@@ -61,6 +61,7 @@ class _Server6(_Server):
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+    protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses its connection between scrapes
     timeout = 10  # seconds a client may take to send its request; a stuck client frees its thread
 
     def version_string(self) -> str:
