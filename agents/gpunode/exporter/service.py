@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
 from gpunode.common import sdnotify
-from gpunode.common.http import HealthServer
+from gpunode.common.asynchttp import AsyncEndpoint
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import trim_memory
@@ -62,7 +62,17 @@ class Exporter:
         self.gpu_registry = CollectorRegistry(auto_describe=False)  # the GPU series, rendered once per sample
         self._cache: dict[str, tuple[float, float, bytes]] = {}
         self._cache_lock = threading.Lock()
-        self.http = HealthServer(registry, host=opts.host, port=opts.port, render=self.render)
+        # served by the event loop itself: fair and fast under many concurrent scrapers (see asynchttp)
+        self.http = AsyncEndpoint(
+            {
+                "/metrics": self._metrics,
+                "/health": self._health,
+                "/healthz": self._health,
+                "/readyz": self._readyz,
+            },
+            host=opts.host,
+            port=opts.port,
+        )
         self.ready = asyncio.Event()
 
     def latest(self) -> Snapshot:
@@ -88,6 +98,22 @@ class Exporter:
                 self._cache[content_type] = cached
         return cached[2], content_type
 
+    def _metrics(self, accept: str) -> tuple[int, bytes, str]:
+        try:
+            body, content_type = self.render(accept)
+        except Exception:
+            self.log.error("metrics_render_failed", exc_info=True)
+            return 500, b"metrics collection failed\n", "text/plain; charset=utf-8"
+        return 200, body, content_type
+
+    def _health(self, accept: str) -> tuple[int, bytes, str]:
+        return 200, b"ok\n", "text/plain; charset=utf-8"  # answered by the event loop: it is alive
+
+    def _readyz(self, accept: str) -> tuple[int, bytes, str]:
+        if self.ready.is_set():
+            return 200, b"sampled: ok: first sample taken\nready\n", "text/plain; charset=utf-8"
+        return 503, b"sampled: failing: no sample yet\nnot ready\n", "text/plain; charset=utf-8"
+
     def _pod_failure(self, reason: str) -> None:
         self.pod_failures.inc()
         self.metrics.count_error("podresources")
@@ -108,16 +134,17 @@ class Exporter:
                 metrics=missing,
                 reason="NVML cannot supply them (DCGM profiling, HBM temperature, ...); not faked",
             )
-        # checked before the endpoint opens: /readyz must never answer "ready" before the first sample
-        self.http.add_check("sampled", lambda: (self.ready.is_set(), "first sample taken"))
+        # /readyz answers 503 until the first sample: never "ready" before there is something to scrape
         async with contextlib.AsyncExitStack() as stack:
             try:
-                await stack.enter_async_context(self.http)
+                await self.http.start()
             except OSError as exc:
                 self.log.error(
                     "listen_failed", host=self.opts.host or "*", port=self.opts.port, error=str(exc)
                 )
                 return 1
+            stack.push_async_callback(self.http.close)
+            self.log.info("http_listening", host=self.opts.host or "*", port=self.http.port)
             nvml = await self.open_nvml()
             stack.push_async_callback(nvml.close)
             pods = PodResourcesClient(self.opts.pod_resources_socket) if self.opts.kubernetes else None
