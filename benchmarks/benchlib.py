@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,12 @@ def build_56_mig(state: Path) -> None:
                 ret, gi = st.create_gi(gpu, mig.GI_1_SLICE, None)
                 assert ret == 0
                 assert st.create_ci(gpu, gi, mig.CI_1_SLICE, None)[0] == 0
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in percent) of already sorted values; every benchmark reports with it."""
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
 
 
 def cpu_model() -> str:

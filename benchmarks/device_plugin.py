@@ -48,7 +48,6 @@ import cProfile
 import gc
 import io
 import json
-import math
 import os
 import pstats
 import signal
@@ -66,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from benchlib import load_average, machine_base
+from benchlib import load_average, machine_base, percentile
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
@@ -148,12 +147,6 @@ class Figure:
     @property
     def verdict(self) -> str:
         return "-" if self.ok is None else "PASS" if self.ok else "FAIL"
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 @dataclass(frozen=True)

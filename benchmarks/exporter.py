@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from benchlib import build_56_mig, load_average, machine_base
+from benchlib import build_56_mig, load_average, machine_base, percentile
 from gpunode.exporter.sampler import Sampler
 from gpunode.nvml import sim
 from gpunode.nvml.real import RealNvml
@@ -111,11 +111,6 @@ def concurrent(port: int, clients: int, seconds: float, pause: float = 0.0) -> t
     return [t for times, _ in parts for t in times], sum(e for _, e in parts)
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -156,17 +151,17 @@ def main() -> int:
             proc.terminate()
             proc.wait(10)
     figures: dict[str, Any] = {
-        "sampling_ms": {"p50": statistics.median(passes), "p99": pct(passes, 0.99)},
-        "scrape_ms": {"p50": statistics.median(single), "p99": pct(single, 0.99)},
+        "sampling_ms": {"p50": statistics.median(passes), "p99": percentile(sorted(passes), 99)},
+        "scrape_ms": {"p50": statistics.median(single), "p99": percentile(sorted(single), 99)},
         "concurrent_ms": {
             "p50": statistics.median(loaded),
-            "p99": pct(loaded, 0.99),
+            "p99": percentile(sorted(loaded), 99),
             "requests": len(loaded),
             "errors": errors,
         },
         "saturation": {
             "p50": statistics.median(saturated),
-            "p99": pct(saturated, 0.99),
+            "p99": percentile(sorted(saturated), 99),
             "rps": len(saturated) / min(load_s, 5.0),
             "errors": sat_errors,
         },

@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from benchlib import build_56_mig, load_average, machine_base
+from benchlib import build_56_mig, load_average, machine_base, percentile
 from gpunode.common.hostpaths import HostPaths
 from gpunode.feature_discovery.facts import gather_facts
 from gpunode.feature_discovery.labels import compute_labels
@@ -97,11 +97,6 @@ def process_figures(state: Path, idle_s: float) -> dict[str, float]:
     return {"rss_mb": mem.rss / 1e6, "uss_mb": mem.uss / 1e6, "pss_mb": mem.pss / 1e6, "idle_cpu_pct": cpu}
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -115,7 +110,7 @@ def main() -> int:
         build_56_mig(state)
         passes = asyncio.run(labeling_pass_ms(state, rounds))
         proc = process_figures(state, idle_s)
-    p50, p99 = statistics.median(passes), pct(passes, 0.99)
+    p50, p99 = statistics.median(passes), percentile(sorted(passes), 99)
     rows: list[tuple[str, str, str, str, bool]] = [
         ("labeling pass, dgx-a100, 56 MIG devices", f"{p50:.2f} ms", f"{p99:.2f} ms", "<= 20 ms", p50 <= 20),
         (

@@ -30,7 +30,6 @@ import functools
 import gc
 import io
 import json
-import math
 import pstats
 import statistics
 import sys
@@ -46,7 +45,7 @@ from typing import Any
 
 import pynvml
 
-from benchlib import load_average, machine_base
+from benchlib import load_average, machine_base, percentile
 from gpunode.nvml import sim
 from gpunode.nvml.api import HEALTH_EVENTS, MigDevice
 from gpunode.nvml.real import RealNvml, install_library
@@ -121,12 +120,6 @@ class Figure:
     @property
     def p99_over(self) -> bool:
         return self.target is not None and self.p99 > self.target
-
-
-def percentile(sorted_values: list[int], q: float) -> int:
-    """Nearest-rank percentile of already sorted values."""
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 def summarise(

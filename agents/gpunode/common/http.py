@@ -78,14 +78,6 @@ class _Handler(BaseHTTPRequestHandler):
             lines = [_check_line(name, ok, detail) for name, ok, detail in results]
             lines.append("ready" if ready else "not ready")
             self._reply(HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE, "\n".join(lines) + "\n")
-        elif path == "/metrics" and health.render is not None:
-            try:
-                body, content_type = health.render(self.headers.get("Accept", ""))
-            except Exception:
-                health.log.error("metrics_render_failed", exc_info=True)
-                self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, "metrics collection failed\n")
-                return
-            self._reply(HTTPStatus.OK, body, content_type)
         elif path == "/metrics" and health.registry is not None:
             self._metrics(health.registry)
         else:
@@ -155,10 +147,8 @@ class HealthServer:
         clock: Callable[[], float] = time.monotonic,
         poll_interval: float = 0.5,
         log: Any = None,
-        render: Callable[[str], tuple[bytes, str]] | None = None,
     ) -> None:
         self.registry = registry
-        self.render = render  # Accept header -> (body, content type); replaces rendering the registry
         self.host = host
         self.requested_port = port
         self.heartbeat_interval = heartbeat_interval

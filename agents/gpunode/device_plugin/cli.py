@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, parse_bool, values_from_model
+from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, values_from_model
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import default_listen_host
@@ -214,10 +214,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     plugin = DevicePlugin(opts, open_nvml, settings, parsed.config)
     return run(plugin.run())
-
-
-def _bool(text: str) -> bool:  # pragma: no cover - kept for symmetry with NVIDIA's urfave/cli
-    return parse_bool(text)
 
 
 __all__ = ["UsageError", "main"]

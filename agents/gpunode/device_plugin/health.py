@@ -135,9 +135,7 @@ class HealthTracker:
         return self.mark_unhealthy(uuid, "double-bit ECC error", now, recoverable=False)
 
     def on_lost(self, uuid: str, now: float) -> bool:
-        changed = self.mark_unhealthy(uuid, "GPU is lost", now, recoverable=True)
-        self._gpus[uuid].reason = "GPU is lost"
-        return changed
+        return self.mark_unhealthy(uuid, "GPU is lost", now, recoverable=True)
 
     def on_probe(self, uuid: str, answered: bool, now: float) -> bool:
         """Record whether NVML answered normally for this GPU; returns True when it became Healthy."""

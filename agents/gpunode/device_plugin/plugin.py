@@ -10,10 +10,10 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpunode.common import sdnotify
 from gpunode.common.errors import ConfigError
@@ -65,7 +65,7 @@ class AgentOptions:
     def plugin_dir(self) -> Path:
         if self.kubelet_socket is not None:
             return self.kubelet_socket.parent
-        return self.host.host("/var/lib/kubelet/device-plugins")
+        return self.host.device_plugin_dir
 
 
 class DevicePlugin:
@@ -362,7 +362,7 @@ class DevicePlugin:
     # -- health ----------------------------------------------------------------------------------------
     async def _push_health(self, uuid: str) -> None:
         for server in self.servers.values():
-            if any(d.physical_uuid == uuid for d in server.resource.devices):
+            if uuid in server.resource.devices_per_gpu:
                 await server.update()
         self.metrics.unhealthy_gpus.set(len(self.state.health.unhealthy()))
 
@@ -414,7 +414,7 @@ class DevicePlugin:
         """MIG layout changes arrive as bursts of events: wait for a quiet moment, then re-advertise."""
         while True:
             await self.rebuild.wait()
-            while await sleep_or(self.rebuild, 0.0) or True:
+            while True:
                 self.rebuild.clear()
                 if not await sleep_or(self.rebuild, 0.3):
                     break
@@ -478,11 +478,3 @@ class DevicePlugin:
             self._config_digest = digest
             self.log.info("config_changed", file=str(path))
             await self.reload()
-
-
-def with_overrides(settings: PluginSettings, **changes: Any) -> PluginSettings:
-    return replace(settings, **changes)
-
-
-def mapping_text(values: Mapping[str, object]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(values.items()))

@@ -7,7 +7,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from gpunode.device_plugin.allocation import (
     AllocationError,
     ContainerAllocation,
     allocate_response,
+    cdi_annotation_key,
     preferred_allocation,
     validate_request,
 )
@@ -27,8 +28,6 @@ from gpunode.device_plugin.health import Health, HealthTracker
 from gpunode.device_plugin.metrics import DevicePluginMetrics
 from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import Topology
-
-CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
 
 
 @dataclass
@@ -40,7 +39,6 @@ class SharedState:
     metrics: DevicePluginMetrics
     topology: Topology | None = None
     dev_root: Path = Path("/")
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def dev_node_exists(self, container_path: str) -> bool:
         return (self.dev_root / container_path.lstrip("/")).exists()
@@ -229,7 +227,7 @@ def add_service(servicer: _Servicer, server: grpc.aio.Server) -> None:
 
 
 def _unknown(resource: Resource, ids: list[str]) -> list[str]:
-    known = {d.id for d in resource.devices}
+    known = resource.by_id
     return sorted({i for i in ids if i not in known})
 
 
@@ -284,13 +282,11 @@ class _Servicer:
             except AllocationError as exc:
                 owner.log.warning("allocate_rejected", reason=str(exc), ids=list(req.devices_ids)[:10])
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            key = f"{settings.cdi_annotation_prefix}nvidia-device-plugin_{uuid.uuid4()}"
             alloc = allocate_response(
                 devices,
                 settings,
                 dev_root_exists=owner.state.dev_node_exists,
-                annotation_key=key,
-                cdi_kind=CDI_KIND,
+                annotation_key=cdi_annotation_key(settings.cdi_annotation_prefix, str(uuid.uuid4())),
             )
             resp.container_responses.append(to_proto(alloc))
             owner.state.metrics.allocations.labels(resource=resource.name).inc()
@@ -309,6 +305,3 @@ def _unknown_text(resource: Resource, unknown: list[str]) -> str:
 
 async def _abort(context: Any, code: grpc.StatusCode, message: str) -> None:
     await context.abort(code, message)
-
-
-Notify = Callable[[], None]

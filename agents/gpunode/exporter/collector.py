@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client.core import Metric
 
@@ -204,7 +203,3 @@ class ExporterCollector:
         yield from families.values()
         yield health
         yield share
-
-
-def describe_snapshot(snap: Snapshot) -> dict[str, Any]:
-    return {"gpus": len(snap.gpus), "lost": sum(not g.healthy for g in snap.gpus), "taken_at": snap.taken_at}

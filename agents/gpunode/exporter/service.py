@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
+from prometheus_client.exposition import choose_encoder
 
 from gpunode.common import sdnotify
 from gpunode.common.asynchttp import AsyncEndpoint
@@ -21,7 +21,7 @@ from gpunode.common.runtime import trim_memory
 from gpunode.exporter.collector import ExporterCollector, Options
 from gpunode.exporter.counters import Counter, unavailable
 from gpunode.exporter.podresources import PodResourcesClient
-from gpunode.exporter.sampler import Sampler, Snapshot
+from gpunode.exporter.sampler import EMPTY, Sampler, Snapshot
 from gpunode.nvml.api import Nvml
 
 AGENT = "exporter"
@@ -61,7 +61,6 @@ class Exporter:
         self.sampler: Sampler | None = None
         self.gpu_registry = CollectorRegistry(auto_describe=False)  # the GPU series, rendered once per sample
         self._cache: dict[str, tuple[float, float, bytes]] = {}
-        self._cache_lock = threading.Lock()
         # served by the event loop itself: fair and fast under many concurrent scrapers (see asynchttp)
         self.http = AsyncEndpoint(
             {
@@ -76,26 +75,21 @@ class Exporter:
         self.ready = asyncio.Event()
 
     def latest(self) -> Snapshot:
-        from gpunode.exporter.sampler import EMPTY
-
         return self.sampler.latest if self.sampler is not None else EMPTY
 
     def render(self, accept: str) -> tuple[bytes, str]:
         """A scrape: the GPU series rendered once per snapshot (cached per format), then the live
         self-metrics. Scrapes cost no NVML call and, between samples, almost no rendering."""
-        from prometheus_client.exposition import choose_encoder
-
         encoder, content_type = choose_encoder(accept)
         taken = self.latest().taken_at
         now = time.monotonic()
-        with self._cache_lock:
-            cached = self._cache.get(content_type)
-            if cached is None or cached[0] != taken or now - cached[1] >= SELF_METRICS_MAX_AGE:
-                gpu_part = encoder(self.gpu_registry)
-                if gpu_part.endswith(b"# EOF\n"):  # OpenMetrics: one EOF, at the very end
-                    gpu_part = gpu_part[: -len(b"# EOF\n")]
-                cached = (taken, now, gpu_part + encoder(self.metrics.registry))
-                self._cache[content_type] = cached
+        cached = self._cache.get(content_type)  # only the event loop renders (see _metrics): no lock
+        if cached is None or cached[0] != taken or now - cached[1] >= SELF_METRICS_MAX_AGE:
+            gpu_part = encoder(self.gpu_registry)
+            if gpu_part.endswith(b"# EOF\n"):  # OpenMetrics: one EOF, at the very end
+                gpu_part = gpu_part[: -len(b"# EOF\n")]
+            cached = (taken, now, gpu_part + encoder(self.metrics.registry))
+            self._cache[content_type] = cached
         return cached[2], content_type
 
     def _metrics(self, accept: str) -> tuple[int, bytes, str]:

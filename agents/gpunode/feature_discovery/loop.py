@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from gpunode.common import sdnotify
 from gpunode.common.hostpaths import HostPaths
@@ -250,7 +249,3 @@ class FeatureDiscovery:
             with contextlib.suppress(OutputError):
                 self.output.write(self.last.labels, expiry)
             self.log.info("labels_expire", file=str(self.output.path), at=expiry.isoformat())
-
-
-def describe(result: LabelResult) -> dict[str, Any]:
-    return {"labels": len(result.labels), "warnings": list(result.warnings)}

@@ -48,8 +48,8 @@ class FeatureFile:
     def write(self, labels: Mapping[str, str], expiry: datetime | None = None) -> bool:
         """Write if the content differs from what is there; returns whether it wrote."""
         text = render(labels, expiry)
-        if len(text.encode()) > MAX_FILE_BYTES:
-            size = len(text.encode())
+        size = len(text.encode())
+        if size > MAX_FILE_BYTES:
             raise OutputError(f"{self.path}: {size} bytes of labels, over NFD's 64 KiB feature-file limit")
         if self.path is None:
             if text != self.last:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -60,10 +60,6 @@ def install_library(lib: Any) -> None:
         pynvml.nvmlLib = lib
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlLib_refcount = 0
-
-
-def installed_library() -> Any:
-    return pynvml.nvmlLib
 
 
 def load_driver_library(driver_root: Path | str | None) -> None:
@@ -177,9 +173,8 @@ class RealNvml:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            raise errors.InitFailed(
-                f"NVML init failed: {_translate(exc)}", code=_translate(exc).code
-            ) from None
+            err = _translate(exc)
+            raise errors.InitFailed(f"NVML init failed: {err}", code=err.code) from None
         self._count = _call(pynvml.nvmlDeviceGetCount)
         for i in range(self._count):
             self._cache_handle(i)
@@ -596,13 +591,9 @@ class RealNvml:
     async def mig_devices(self, index: int) -> list[MigDevice]:
         return await self._run(self._mig_devices, index)
 
-    def _mig_devices(self, index: int) -> list[MigDevice]:
-        h = self._handle(index)
-        mode = _optional(pynvml.nvmlDeviceGetMigMode, h)
-        if mode is None or not mode[0]:
-            return []
-        gi_profiles: dict[int, GiProfile] = {}
-        out = []
+    @staticmethod
+    def _mig_handles(h: Any) -> Iterator[tuple[int, Any]]:
+        """(slot, handle) of each MIG device a GPU has; empty slots are skipped."""
         for slot in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, h)):
             try:
                 m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
@@ -611,6 +602,16 @@ class RealNvml:
                 if isinstance(err, errors.NotFound):
                     continue
                 raise err from None
+            yield slot, m
+
+    def _mig_devices(self, index: int) -> list[MigDevice]:
+        h = self._handle(index)
+        mode = _optional(pynvml.nvmlDeviceGetMigMode, h)
+        if mode is None or not mode[0]:
+            return []
+        gi_profiles: dict[int, GiProfile] = {}
+        out = []
+        for slot, m in self._mig_handles(h):
             gi_id = _call(pynvml.nvmlDeviceGetGpuInstanceId, m)
             attrs = _call(pynvml.nvmlDeviceGetAttributes_v2, m)
             mem = _optional(pynvml.nvmlDeviceGetMemoryInfo, m)
@@ -653,15 +654,8 @@ class RealNvml:
         return await self._run(self._mig_memory, index)
 
     def _mig_memory(self, index: int) -> dict[str, tuple[int, int]]:
-        h = self._handle(index)
         out: dict[str, tuple[int, int]] = {}
-        for slot in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, h)):
-            try:
-                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
-            except pynvml.NVMLError as exc:
-                if isinstance(_translate(exc), errors.NotFound):
-                    continue
-                raise _translate(exc) from None
+        for _, m in self._mig_handles(self._handle(index)):
             mem = _optional(pynvml.nvmlDeviceGetMemoryInfo, m)
             if mem is not None:
                 out[_call(pynvml.nvmlDeviceGetUUID, m)] = (int(mem.used) // MIB, int(mem.free) // MIB)

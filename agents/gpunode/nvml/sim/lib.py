@@ -67,10 +67,6 @@ class StrictModeViolation(TypeError):
 # p: pointer (byref, pointer, array); n: pointer or NULL; s: char buffer; c: const char* input.
 
 
-def _is_pointer(a: Any) -> bool:
-    return isinstance(a, (CArgObject, ctypes._Pointer, ctypes.Array))
-
-
 _KIND_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "h": ((ctypes._Pointer,), False),
     "v": ((int, ctypes._SimpleCData), False),
@@ -472,16 +468,7 @@ class FakeNvmlLib:
                 key = self._resolve_device(st, handle, mig_ok)
                 if isinstance(key, int):
                     return key
-                if not mutates:
-                    return fn(st, key, *args)
-                try:
-                    with self.node.mutate() as fresh:
-                        result = fn(fresh, key, *args)
-                        if result != codes.SUCCESS:
-                            raise _Abort(result)
-                        return result
-                except _Abort as abort:
-                    return abort.code
+                return self._apply(fn, st, key, args, mutates)
 
         return call
 
@@ -496,18 +483,29 @@ class FakeNvmlLib:
                     return codes.INVALID_ARGUMENT
                 if st.gpus[key[1]].lost:
                     return codes.GPU_IS_LOST
-                if not mutates:
-                    return fn(st, key, *args)
-                try:
-                    with self.node.mutate() as fresh:
-                        result = fn(fresh, key, *args)
-                        if result != codes.SUCCESS:
-                            raise _Abort(result)
-                        return result
-                except _Abort as abort:
-                    return abort.code
+                return self._apply(fn, st, key, args, mutates)
 
         return call
+
+    def _apply(
+        self,
+        fn: Callable[..., int],
+        st: NodeState,
+        key: tuple[Any, ...],
+        args: tuple[Any, ...],
+        mutates: bool,
+    ) -> int:
+        """Run a resolved call: a mutating one on a fresh state that is committed only if it succeeds."""
+        if not mutates:
+            return fn(st, key, *args)
+        try:
+            with self.node.mutate() as fresh:
+                result = fn(fresh, key, *args)
+                if result != codes.SUCCESS:
+                    raise _Abort(result)
+                return result
+        except _Abort as abort:
+            return abort.code
 
     def _gi_call(self, fn: Callable[..., int], mutates: bool = False) -> Callable[..., int]:
         def checked(st: NodeState, key: tuple[Any, ...], *args: Any) -> int:
