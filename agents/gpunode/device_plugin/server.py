@@ -87,10 +87,15 @@ class ResourceServer:
             devices=[device_message(d, health.health(d.physical_uuid)) for d in self.resource.devices]
         )
 
+    def _observe(self) -> None:
+        """The devices gauge follows what is advertised, whether or not a kubelet is listening."""
+        self.state.metrics.observe_devices(self.resource.name, self.devices_message().devices)
+
     async def update(self, resource: Resource | None = None) -> None:
         """A new device list or new health: every ListAndWatch stream sends the full list again."""
         if resource is not None:
             self.resource = resource
+        self._observe()
         async with self._changed:
             self._version += 1
             self._changed.notify_all()
@@ -120,6 +125,7 @@ class ResourceServer:
         await server.start()
         os.chmod(self.socket_path, 0o600)
         self._server = server
+        self._observe()
         self.log.info("plugin_serving", socket=str(self.socket_path), devices=len(self.resource.devices))
 
     async def stop(self, grace: float = 0.5) -> None:
@@ -147,9 +153,7 @@ class ResourceServer:
                     if self._closing:
                         return
                     seen[0] = self._version
-                msg = self.devices_message()
-                self.state.metrics.observe_devices(self.resource.name, msg.devices)
-                yield msg
+                yield self.devices_message()
         finally:
             self.streams -= 1
             if self.streams == 0:

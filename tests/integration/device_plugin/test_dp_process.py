@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,3 +210,55 @@ def test_sigterm_stops_cleanly_and_removes_the_socket(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
     assert not sock.exists()
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+def _wait_for(
+    port: int, *series: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 10
+) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"plugin exited with {proc.returncode}:\n{err[-2000:]}")
+        try:
+            body = _scrape(port)
+        except OSError:
+            body = ""
+        if all(s in body for s in series):
+            return body
+        assert time.monotonic() < deadline, f"never saw {series}; last scrape:\n{body}"
+        time.sleep(0.1)
+
+
+def test_devices_gauge_follows_health_without_a_kubelet(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The README's walkthrough: no kubelet listening, yet /metrics shows what is advertised."""
+    tmp_path = tmp_path_factory.mktemp("host")  # short: a unix socket path has at most 107 bytes
+    (tmp_path / PLUGIN_DIR).mkdir(parents=True)
+    state = tmp_path / "node.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    args = ["--simulate", "dgx-a100", "--sim-state", str(state), "--kubelet-socket", ""]
+    args += ["--host-root", str(tmp_path), "--http-port", str(port)]
+    proc = subprocess.Popen(
+        [PLUGIN, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        healthy = 'gpunode_device_plugin_devices{health="Healthy",resource="nvidia.com/gpu"}'
+        _wait_for(port, f"{healthy} 8.0", proc=proc)
+        gpunode = str(Path(sys.executable).parent / "gpunode")
+        subprocess.run(
+            [gpunode, "sim", "xid", "--state", str(state), "--gpu", "3", "--xid", "79"], check=True
+        )
+        unhealthy = 'gpunode_device_plugin_devices{health="Unhealthy",resource="nvidia.com/gpu"}'
+        _wait_for(port, f"{healthy} 7.0", f"{unhealthy} 1.0")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
