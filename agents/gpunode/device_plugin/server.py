@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from gpunode.common.errors import UsageError
 from gpunode.common.logging import get_logger
 from gpunode.device_plugin.allocation import (
     AllocationError,
@@ -28,6 +29,8 @@ from gpunode.device_plugin.health import Health, HealthTracker
 from gpunode.device_plugin.metrics import DevicePluginMetrics
 from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import Topology
+
+MAX_SOCKET_PATH = 107  # bytes: sockaddr_un.sun_path holds 108, one of them the terminating NUL
 
 
 @dataclass
@@ -118,6 +121,11 @@ class ResourceServer:
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:  # grpc would only say "Failed to bind"
+            raise UsageError(
+                f"{self.socket_path}: a unix socket path can be at most {MAX_SOCKET_PATH} bytes; "
+                "point --kubelet-socket (or --host-root) at a shorter directory"
+            )
         self._closing = False
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         add_service(_Servicer(self), server)

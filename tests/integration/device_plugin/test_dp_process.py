@@ -262,3 +262,15 @@ def test_devices_gauge_follows_health_without_a_kubelet(tmp_path_factory: pytest
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
+
+
+def test_a_socket_path_too_long_for_unix_sockets_exits_2_saying_so(tmp_path: Path) -> None:
+    root = tmp_path / ("deep" * 12)
+    (root / PLUGIN_DIR).mkdir(parents=True)
+    out = run_plugin(
+        "--simulate", "t4x4", "--kubelet-socket", "", "--host-root", str(root), "--http-port", "-1"
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "a unix socket path can be at most 107 bytes" in out.stdout + out.stderr
+    assert "--kubelet-socket" in out.stdout + out.stderr
+    assert not list((root / PLUGIN_DIR).iterdir())  # nothing half-created
