@@ -43,6 +43,7 @@ from gpunode.nvml.api import EVENT_DBE, EVENT_MIG_CONFIG, EVENT_SBE, EVENT_XID, 
 
 AGENT = "device-plugin"
 EVENT_MASK = EVENT_XID | EVENT_SBE | EVENT_DBE | EVENT_MIG_CONFIG
+EVENTS_READY_TIMEOUT = 5.0  # a wedged event registration must not hold back registration
 
 
 @dataclass(frozen=True)
@@ -123,13 +124,20 @@ class DevicePlugin:
                 self.nvml = await self._open_nvml()
                 await self.reconcile(initial=True)
                 trim_memory()
+                # Health events are watched before the kubelet hears of any device: an XID in between
+                # would otherwise go unseen.
+                watching = asyncio.Event()
+                tg.create_task(
+                    self._supervised("nvml-events", lambda: self._events(watching)), name="nvml-events"
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(watching.wait(), EVENTS_READY_TIMEOUT)
                 tg.create_task(self._registrar(), name="registrar")
                 if self.opts.kubelet_socket is not None:
                     tg.create_task(
                         self._supervised("kubelet-watch", self._kubelet_watch), name="kubelet-watch"
                     )
                 tg.create_task(self._self_check(), name="self-check")
-                tg.create_task(self._supervised("nvml-events", self._events), name="nvml-events")
                 tg.create_task(self._supervised("health-probe", self._prober), name="health-probe")
                 tg.create_task(self._rebuilder(), name="rebuild")
                 if self.opts.config_file is not None:
@@ -366,10 +374,10 @@ class DevicePlugin:
                 await server.update()
         self.metrics.unhealthy_gpus.set(len(self.state.health.unhealthy()))
 
-    async def _events(self) -> None:
+    async def _events(self, ready: asyncio.Event | None = None) -> None:
         assert self.nvml is not None
         policy = self.opts.policy
-        async for ev in self.nvml.events(mask=EVENT_MASK):
+        async for ev in self.nvml.events(mask=EVENT_MASK, ready=ready):
             now = self.clock()
             if ev.kind is EventKind.MIG_CONFIG:
                 self.rebuild.set()

@@ -24,6 +24,7 @@ from gpunode.nvml import errors
 from gpunode.nvml.api import EVENT_MIG_CONFIG, EVENT_XID, EventKind, Nvml
 
 AGENT = "feature-discovery"
+EVENTS_READY_TIMEOUT = 5.0  # a wedged event registration must not hold back the first labels
 MIG_EVENT_DELAY = 0.5  # let a burst of MIG config-change events settle (well inside the 2 s promise)
 
 
@@ -158,13 +159,18 @@ class FeatureDiscovery:
                     self.http.add_check("labeled", lambda: (self.passes > 0, f"{self.passes} passes"))
                     tg.create_task(self.http.serve(), name="http")
                 tg.create_task(sdnotify.watchdog_task(), name="watchdog")
+                if self.nvml is not None:
+                    # Watch before the first pass: a GPU lost in between is then either seen by the
+                    # pass or wakes the next one, never missed until the next interval.
+                    watching = asyncio.Event()
+                    tg.create_task(self._events(watching), name="nvml-events")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(watching.wait(), EVENTS_READY_TIMEOUT)
+                else:
+                    tg.create_task(self._retry_nvml(), name="nvml-retry")
                 await self.write_with_retry()
                 trim_memory()
                 sdnotify.notify(ready=True, status=f"{len(self.last.labels) if self.last else 0} labels")
-                if self.nvml is not None:
-                    tg.create_task(self._events(), name="nvml-events")
-                else:
-                    tg.create_task(self._retry_nvml(), name="nvml-retry")
                 tg.create_task(on_sighup(self.reload, metrics=self.metrics, log=self.log), name="sighup")
                 tg.create_task(self._passes(), name="labeling")
         finally:
@@ -212,12 +218,12 @@ class FeatureDiscovery:
             self.wake.clear()
             await self.write_with_retry()
 
-    async def _events(self) -> None:
+    async def _events(self, ready: asyncio.Event | None = None) -> None:
         """MIG config changes and fatal XIDs (a GPU falling off the bus) trigger a pass at once."""
         assert self.nvml is not None
         while True:
             try:
-                async for ev in self.nvml.events(mask=EVENT_MIG_CONFIG | EVENT_XID):
+                async for ev in self.nvml.events(mask=EVENT_MIG_CONFIG | EVENT_XID, ready=ready):
                     if ev.kind is EventKind.MIG_CONFIG or (ev.kind is EventKind.XID and ev.xid == 79):
                         self.wake.set()
             except errors.NvmlError as exc:
