@@ -38,6 +38,7 @@ __all__ = [
     "Source",
     "UsageError",
     "add_common_flags",
+    "add_kube_flags",
     "log_effective_config",
     "parse_bool",
     "resolve",
@@ -459,6 +460,27 @@ def add_common_flags(flags: FlagSet, *, config_file: bool = True) -> None:
     )
     if config_file:
         flags.add("--config-file", env="CONFIG_FILE", metavar="FILE", help="YAML configuration file")
+
+
+def add_kube_flags(
+    flags: FlagSet, *, namespace_help: str = "namespace of the objects this agent writes"
+) -> None:
+    """The Kubernetes API flags (the node's own name comes from ``--node-name`` / ``NODE_NAME``)."""
+    flags.add(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        metavar="FILE",
+        help="kubeconfig file; default: the pod's service account (in-cluster)",
+    )
+    flags.add("--namespace", env="NAMESPACE", default="default", metavar="NS", help=namespace_help)
+    flags.add(
+        "--kube-api-timeout",
+        env="KUBE_API_TIMEOUT",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="timeout of each Kubernetes API request (retried with backoff when the server is unreachable)",
+    )
 
 
 def _log_level(raw: str) -> str:

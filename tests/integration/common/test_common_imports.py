@@ -13,8 +13,10 @@ MODULES = (
     "errors",
     "hostpaths",
     "http",
+    "kube",
     "logging",
     "metrics",
+    "operands",
     "runtime",
     "sdnotify",
 )
@@ -47,3 +49,19 @@ def test_import_does_not_load_nvml_or_configure_anything() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_agents_load_the_kubernetes_client_only_when_they_use_it() -> None:
+    """lightkube costs start-up time and memory; an agent run without Kubernetes must not pay for it."""
+    code = textwrap.dedent(
+        """
+        import sys
+        for name in ("gpunode.device_plugin.cli", "gpunode.feature_discovery.cli", "gpunode.exporter.cli"):
+            __import__(name)
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("lightkube", "httpx2"))
+        print(",".join(loaded) or "none")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "none"

@@ -1,0 +1,633 @@
+"""The Kubernetes API for every agent: the only module that imports the client (lightkube).
+
+Agents talk to the API server about their own node and little else: read and merge-patch its labels and
+annotations, watch it, cordon it, list / delete / evict the pods on it, and keep one NodeFeature object.
+:class:`Kube` does exactly that and hands back small frozen dataclasses (:class:`NodeInfo`,
+:class:`PodInfo`), so no other module sees a lightkube type and swapping the client stays a one-file
+change (DESIGN.md, library choices).
+
+Every call has a timeout, and calls that fail for transient reasons (connection refused or reset, a
+timeout, HTTP 429 / 5xx) are retried with exponential backoff and full jitter. What still fails becomes
+a :class:`KubeError` carrying the HTTP status; 403 becomes :class:`KubeForbidden`, whose message names
+the verb and resource to grant. :attr:`Kube.available` tells readiness checks whether the API server
+answered the last call.
+
+Import this module only where the API is used: lightkube costs start-up time and memory that an agent
+running without Kubernetes should not pay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import httpx2
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.core.exceptions import ConfigError as LightkubeConfigError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from gpunode.common.errors import UsageError
+from gpunode.common.logging import get_logger
+
+__all__ = [
+    "NODE_FEATURE_GROUP",
+    "Kube",
+    "KubeConflict",
+    "KubeError",
+    "KubeForbidden",
+    "KubeNotFound",
+    "KubeUnavailable",
+    "NodeInfo",
+    "OwnerRef",
+    "PodInfo",
+    "load_kubeconfig",
+    "require_node_name",
+]
+
+T = TypeVar("T")
+
+NODE_FEATURE_GROUP = "nfd.k8s-sigs.io"
+NodeFeature = create_namespaced_resource(NODE_FEATURE_GROUP, "v1alpha1", "NodeFeature", "nodefeatures")
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+# -- errors ----------------------------------------------------------------------------------------------
+class KubeError(Exception):
+    """An API call that failed; ``status`` is the HTTP status (None when no answer came)."""
+
+    def __init__(
+        self, verb: str, resource: str, message: str, *, status: int | None = None, reason: str = ""
+    ) -> None:
+        self.verb = verb
+        self.resource = resource
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(verb, resource, message, status)
+
+    def __str__(self) -> str:
+        code = f"HTTP {self.status}" if self.status is not None else "no answer"
+        return (
+            f"{self.verb} {self.resource}: {code}{' ' + self.reason if self.reason else ''}: {self.message}"
+        )
+
+
+class KubeNotFound(KubeError):
+    """404: the object is not there."""
+
+
+class KubeConflict(KubeError):
+    """409: it already exists, or it changed since it was read."""
+
+
+class KubeForbidden(KubeError):
+    """403: the service account lacks a permission; the message says which one to grant."""
+
+    def __init__(
+        self, verb: str, resource: str, message: str, *, group: str = "", namespace: str = ""
+    ) -> None:
+        super().__init__(verb, resource, message, status=403, reason="Forbidden")
+        self.group = group
+        self.namespace = namespace
+
+    def __str__(self) -> str:
+        where = f' in namespace "{self.namespace}"' if self.namespace else ""
+        return (
+            f"forbidden to {self.verb} {self.resource}{where}: grant the agent's service account the verb "
+            f'"{self.verb}" on resource "{self.resource}" (apiGroups: ["{self.group}"]) '
+            f"in its ClusterRole/Role; the API server said: {self.message}"
+        )
+
+
+class KubeUnavailable(KubeError):
+    """The API server could not be reached, timed out or kept answering 429 / 5xx."""
+
+
+# -- what callers see ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OwnerRef:
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    unschedulable: bool
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    labels: Mapping[str, str]
+    phase: str
+    deleting: bool  # deletionTimestamp is set: on its way out
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    owners: tuple[OwnerRef, ...] = ()
+    requests: frozenset[str] = frozenset()  # extended resources any container requests or limits
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+def require_node_name(name: str | None) -> str:
+    """The node name agents need for the API; a :class:`UsageError` (exit 2) explaining NODE_NAME."""
+    if not name:
+        raise UsageError(
+            "no node name: set --node-name or the NODE_NAME environment variable (in a DaemonSet, "
+            "from the downward API: env NODE_NAME valueFrom fieldRef fieldPath spec.nodeName)"
+        )
+    return name
+
+
+def load_kubeconfig(path: str | None, *, service_account: str = SERVICE_ACCOUNT_DIR) -> KubeConfig:
+    """``--kubeconfig`` / ``KUBECONFIG`` when given (the first existing file of a ``:``-separated list),
+    otherwise the pod's service account; a :class:`UsageError` (exit 2) naming what is missing."""
+    if path:
+        candidates = [p for p in path.split(os.pathsep) if p]
+        for candidate in candidates:
+            if Path(candidate).expanduser().is_file():
+                try:
+                    return KubeConfig.from_file(candidate)
+                except (LightkubeConfigError, KeyError, TypeError, ValueError) as exc:
+                    raise UsageError(f"kubeconfig {candidate} is not usable: {exc}") from None
+        raise UsageError(f"kubeconfig {path} not found (from --kubeconfig or KUBECONFIG)")
+    try:
+        return KubeConfig.from_service_account(service_account)
+    except (LightkubeConfigError, KeyError) as exc:
+        raise UsageError(
+            "no Kubernetes credentials: not in a pod with a service account "
+            f"({exc}) and neither --kubeconfig nor KUBECONFIG is set"
+        ) from None
+
+
+# -- the client ------------------------------------------------------------------------------------------
+class Kube:
+    """The own node, its pods and its NodeFeature, through one lightkube ``AsyncClient``."""
+
+    def __init__(
+        self,
+        node_name: str,
+        config: KubeConfig,
+        *,
+        namespace: str = "default",
+        timeout: float = 10.0,
+        attempts: int = 5,
+        backoff: tuple[float, float] = (0.2, 5.0),
+        field_manager: str = "gpunode",
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.node_name = require_node_name(node_name)
+        self.namespace = namespace
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        self.timeout = timeout
+        self._sleep = sleep
+        self._client = AsyncClient(
+            config, namespace=namespace, timeout=httpx2.Timeout(timeout), field_manager=field_manager
+        )
+        self.available: bool | None = None  # None until the first call; then whether the last one got through
+        self.last_error = ""
+        self.log = get_logger("gpunode.kube")
+        # httpx logs every request at INFO; our own events say what matters (retries, failures).
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    @classmethod
+    def connect(
+        cls, node_name: str | None, kubeconfig: str | None, *, namespace: str = "default", **kw: Any
+    ) -> Kube:
+        """Validate the node name and credentials (exit-2 errors) and build the client (no I/O yet)."""
+        name = require_node_name(node_name)
+        return cls(name, load_kubeconfig(kubeconfig), namespace=namespace, **kw)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    # -- the retry loop every call goes through ----------------------------------------------------------
+    async def _call(
+        self,
+        verb: str,
+        resource: str,
+        fn: Callable[[], Awaitable[T]],
+        *,
+        group: str = "",
+        namespace: str = "",
+    ) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with asyncio.timeout(self.timeout * 1.5):  # belt and braces over httpx's own
+                    result = await fn()
+            except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError, TimeoutError) as exc:
+                err = _translate(exc, verb, resource, group=group, namespace=namespace)
+                if isinstance(err, KubeUnavailable):
+                    self.available = False
+                    self.last_error = str(err)
+                    if attempt < self.attempts:
+                        delay = self._delay(attempt, exc)
+                        self.log.warning(
+                            "kube_retry",
+                            verb=verb,
+                            resource=resource,
+                            status=err.status,
+                            error=err.message,
+                            attempt=attempt,
+                            retry_in_s=round(delay, 2),
+                        )
+                        await self._sleep(delay)
+                        continue
+                else:
+                    self.available = True  # it answered, just not what we wanted
+                raise err from None
+            except (ValueError, TypeError, KeyError) as exc:  # an answer we cannot decode: not retried
+                self.available = True
+                raise KubeError(verb, resource, f"unreadable answer: {exc}", reason="BadResponse") from None
+            self.available = True
+            self.last_error = ""
+            return result
+
+    def _delay(self, attempt: int, exc: BaseException) -> float:
+        initial, cap = self.backoff
+        retry_after = _retry_after(exc)
+        if retry_after is not None:
+            return min(cap, retry_after)
+        return random.uniform(0, min(cap, initial * 2 ** (attempt - 1)))  # full jitter
+
+    # -- node ------------------------------------------------------------------------------------------
+    async def get_node(self) -> NodeInfo:
+        node = await self._call("get", "nodes", lambda: self._client.get(Node, self.node_name))
+        return _node_info(node)
+
+    async def patch_node(
+        self,
+        *,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
+    ) -> NodeInfo:
+        """Merge-patch the own node's labels / annotations in one request; a None value removes the key.
+
+        With ``resource_version`` the patch applies only to that version of the node (optimistic
+        locking): if anyone changed the node since, :class:`KubeConflict` is raised and nothing changes.
+        """
+        meta: dict[str, Any] = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        if not meta.keys() - {"resourceVersion"}:
+            return await self.get_node()
+        return await self._patch_node({"metadata": meta})
+
+    async def set_unschedulable(self, unschedulable: bool) -> NodeInfo:
+        """Cordon (True) or uncordon (False) the own node."""
+        return await self._patch_node({"spec": {"unschedulable": True if unschedulable else None}})
+
+    async def _patch_node(self, body: dict[str, Any]) -> NodeInfo:
+        node = await self._call(
+            "patch",
+            "nodes",
+            lambda: self._client.patch(Node, self.node_name, body, patch_type=PatchType.MERGE),
+        )
+        return _node_info(node)
+
+    async def watch_node(
+        self, *, server_timeout: int = 300, idle_timeout: float | None = None
+    ) -> AsyncIterator[NodeInfo]:
+        """The own node now, then after every change, forever.
+
+        A watch that ends or breaks resumes from the last resourceVersion seen; one the server has
+        forgotten (410 Gone) starts over with a fresh read; one that stays silent longer than
+        ``idle_timeout`` (default ``server_timeout`` + 30 s: the server should have closed it by then)
+        is abandoned and resumed. An unreachable API server is retried with backoff, never raised;
+        403 / 404 are raised.
+        """
+        idle = idle_timeout if idle_timeout is not None else server_timeout + 30.0
+        version: str | None = None
+        failures = 0
+        while True:
+            if version is None:
+                try:
+                    node = await self.get_node()
+                except KubeUnavailable:
+                    failures += 1
+                    await self._sleep(self._delay(min(failures, 8), Exception()))
+                    continue
+                version = node.resource_version
+                yield node
+            stream = self._client.watch(
+                Node,
+                fields={"metadata.name": self.node_name},
+                resource_version=version,
+                server_timeout=server_timeout,
+            )
+            iterator = aiter(stream)
+            try:
+                while True:
+                    try:
+                        async with asyncio.timeout(idle):
+                            kind, obj = await anext(iterator)
+                    except StopAsyncIteration:
+                        break
+                    failures = 0
+                    self.available = True
+                    if kind == "DELETED":
+                        self.log.warning("kube_node_deleted", node=self.node_name)
+                        version = None
+                        break
+                    node = _node_info(obj)
+                    version = node.resource_version or version
+                    if kind in ("ADDED", "MODIFIED"):
+                        yield node
+            except TimeoutError:
+                self.log.warning("kube_watch_stalled", node=self.node_name, idle_s=idle, action="resuming")
+            except (ValueError, TypeError, KeyError) as exc:  # an event we cannot decode
+                failures += 1
+                self.log.warning("kube_watch_bad_event", error=str(exc)[:300], action="reading the node anew")
+                await self._sleep(self._delay(min(failures, 8), exc))
+                version = None
+            except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError) as exc:
+                err = _translate(exc, "watch", "nodes")
+                if err.status == 410:
+                    self.log.info("kube_watch_expired", node=self.node_name, action="reading the node anew")
+                    version = None
+                    continue
+                if not isinstance(err, KubeUnavailable):
+                    raise err from None
+                self.available = False
+                self.last_error = str(err)
+                failures += 1
+                delay = self._delay(min(failures, 8), exc)
+                self.log.warning("kube_watch_failed", error=str(err), retry_in_s=round(delay, 2))
+                await self._sleep(delay)
+            finally:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+
+    # -- pods ------------------------------------------------------------------------------------------
+    async def list_pods(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        namespace: str | None = None,
+        requesting: str | None = None,
+    ) -> list[PodInfo]:
+        """Pods on the own node, by label (``labels``), in one namespace or all (None), optionally only
+        those requesting an extended resource whose name starts with ``requesting`` (``nvidia.com/``)."""
+
+        async def fetch() -> list[Any]:
+            pods = self._client.list(
+                Pod,
+                namespace=namespace if namespace is not None else "*",
+                labels=dict(labels) if labels else None,
+                fields={"spec.nodeName": self.node_name},
+            )
+            return [p async for p in pods]
+
+        where = namespace or ""
+        found = [_pod_info(p) for p in await self._call("list", "pods", fetch, namespace=where)]
+        if requesting is not None:
+            found = [p for p in found if any(r.startswith(requesting) for r in p.requests)]
+        return found
+
+    async def get_pod(self, namespace: str, name: str) -> PodInfo:
+        pod = await self._call(
+            "get", "pods", lambda: self._client.get(Pod, name, namespace=namespace), namespace=namespace
+        )
+        return _pod_info(pod)
+
+    async def delete_pod(self, namespace: str, name: str, *, grace_period: int | None = None) -> bool:
+        """Delete a pod; False when it was already gone."""
+        try:
+            await self._call(
+                "delete",
+                "pods",
+                lambda: self._client.delete(Pod, name, namespace=namespace, grace_period=grace_period),
+                namespace=namespace,
+            )
+        except KubeNotFound:
+            return False
+        return True
+
+    async def evict_pod(self, namespace: str, name: str) -> bool:
+        """Evict a pod (honours PodDisruptionBudgets: a 429 from a budget is a :class:`KubeError`);
+        False when it was already gone."""
+        body = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+
+        async def evict() -> None:
+            await self._client.create(body, name=name, namespace=namespace)
+
+        try:
+            await self._call("create", "pods/eviction", evict, namespace=namespace)
+        except KubeNotFound:
+            return False
+        return True
+
+    # -- NodeFeature -----------------------------------------------------------------------------------
+    async def get_node_feature(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj = await self._call(
+                "get",
+                "nodefeatures",
+                lambda: self._client.get(NodeFeature, name, namespace=namespace),
+                group=NODE_FEATURE_GROUP,
+                namespace=namespace,
+            )
+        except KubeNotFound:
+            return None
+        return dict(obj.to_dict())  # type: ignore[no-untyped-call]
+
+    async def put_node_feature(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: Mapping[str, str],
+        object_labels: Mapping[str, str],
+        owners: Sequence[OwnerRef] = (),
+    ) -> Literal["created", "updated", "unchanged"]:
+        """Create the NodeFeature, or update it only when its labels, spec or owners differ."""
+        spec = {"features": {"flags": {}, "attributes": {}, "instances": {}}, "labels": dict(labels)}
+        owner_refs = [
+            {
+                "apiVersion": o.api_version,
+                "kind": o.kind,
+                "name": o.name,
+                "uid": o.uid,
+                **({"controller": True} if o.controller else {}),
+            }
+            for o in owners
+        ]
+        for _ in range(3):  # a concurrent writer makes our update conflict: read again and retry
+            current = await self.get_node_feature(namespace, name)
+            if current is None:
+                meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(object_labels)}
+                if owner_refs:
+                    meta["ownerReferences"] = owner_refs
+                obj = NodeFeature.from_dict(
+                    {
+                        "apiVersion": f"{NODE_FEATURE_GROUP}/v1alpha1",
+                        "kind": "NodeFeature",
+                        "metadata": meta,
+                        "spec": spec,
+                    }
+                )
+                try:
+                    await self._call(
+                        "create",
+                        "nodefeatures",
+                        lambda obj=obj: self._client.create(obj),  # type: ignore[misc]
+                        group=NODE_FEATURE_GROUP,
+                        namespace=namespace,
+                    )
+                except KubeConflict:
+                    continue  # someone created it meanwhile
+                return "created"
+            meta = dict(current.get("metadata") or {})
+            want_labels = {**(meta.get("labels") or {}), **object_labels}
+            same = (
+                _norm_spec(current.get("spec")) == _norm_spec(spec)
+                and (meta.get("labels") or {}) == want_labels
+                and (not owner_refs or _owner_keys(meta.get("ownerReferences")) == _owner_keys(owner_refs))
+            )
+            if same:
+                return "unchanged"
+            meta["labels"] = want_labels
+            if owner_refs:
+                meta["ownerReferences"] = owner_refs
+            obj = NodeFeature.from_dict({**current, "metadata": meta, "spec": spec})
+            try:
+                await self._call(
+                    "update",
+                    "nodefeatures",
+                    lambda obj=obj: self._client.replace(obj, name=name, namespace=namespace),  # type: ignore[misc]
+                    group=NODE_FEATURE_GROUP,
+                    namespace=namespace,
+                )
+            except KubeConflict:
+                continue
+            return "updated"
+        raise KubeConflict("update", "nodefeatures", f"{namespace}/{name} kept changing under us", status=409)
+
+
+# -- translation -----------------------------------------------------------------------------------------
+def _translate(
+    exc: BaseException, verb: str, resource: str, *, group: str = "", namespace: str = ""
+) -> KubeError:
+    if isinstance(exc, TimeoutError | httpx2.TimeoutException):
+        return KubeUnavailable(verb, resource, "timed out")
+    if isinstance(exc, httpx2.TransportError):
+        return KubeUnavailable(verb, resource, f"{type(exc).__name__}: {exc}")
+    status: int | None = None
+    reason = ""
+    message = str(exc)
+    if isinstance(exc, ApiError):
+        status = exc.status.code
+        reason = exc.status.reason or ""
+        message = exc.status.message or message
+    elif isinstance(exc, httpx2.HTTPStatusError):
+        status = exc.response.status_code
+        with contextlib.suppress(Exception):
+            body = exc.response.json()
+            reason = str(body.get("reason") or "")
+            message = str(body.get("message") or message)
+    if status == 403:
+        return KubeForbidden(verb, resource, message, group=group, namespace=namespace)
+    if status == 404:
+        return KubeNotFound(verb, resource, message, status=status, reason=reason)
+    if status == 409:
+        return KubeConflict(verb, resource, message, status=status, reason=reason)
+    if status == 429 and resource == "pods/eviction":  # a disruption budget says no: not an outage
+        return KubeError(verb, resource, message, status=status, reason=reason or "TooManyRequests")
+    if status is None or status in RETRYABLE_STATUS:
+        return KubeUnavailable(verb, resource, message, status=status, reason=reason)
+    return KubeError(verb, resource, message, status=status, reason=reason)
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    response = getattr(exc, "response", None)
+    if response is None:
+        return None
+    with contextlib.suppress(Exception):
+        value = response.headers.get("Retry-After")
+        if value is not None:
+            return float(value)
+    return None
+
+
+def _node_info(node: Any) -> NodeInfo:
+    meta = node.metadata
+    spec = node.spec
+    return NodeInfo(
+        name=meta.name or "",
+        labels=dict(meta.labels or {}),
+        annotations=dict(meta.annotations or {}),
+        unschedulable=bool(spec and spec.unschedulable),
+        resource_version=meta.resourceVersion or "",
+    )
+
+
+def _pod_info(pod: Any) -> PodInfo:
+    meta = pod.metadata
+    spec = pod.spec
+    requests: set[str] = set()
+    for container in [*(spec.containers or []), *(spec.initContainers or [])] if spec else []:
+        res = container.resources
+        if res is not None:
+            requests.update(k for k in (res.requests or {}) if "/" in k)
+            requests.update(k for k in (res.limits or {}) if "/" in k)
+    owners = tuple(
+        OwnerRef(o.apiVersion, o.kind, o.name, o.uid, bool(o.controller))
+        for o in (meta.ownerReferences or [])
+    )
+    return PodInfo(
+        namespace=meta.namespace or "",
+        name=meta.name or "",
+        uid=meta.uid or "",
+        node_name=(spec.nodeName if spec else None) or "",
+        labels=dict(meta.labels or {}),
+        phase=(pod.status.phase if pod.status else None) or "",
+        deleting=meta.deletionTimestamp is not None,
+        node_selector=dict((spec.nodeSelector if spec else None) or {}),
+        owners=owners,
+        requests=frozenset(requests),
+    )
+
+
+def _norm_spec(spec: Any) -> Any:
+    """Compare specs the way the API server stores them: empty maps and absent keys are the same."""
+    if isinstance(spec, Mapping):
+        return {k: _norm_spec(v) for k, v in spec.items() if v not in (None, {}, [])}
+    return spec
+
+
+def _owner_keys(refs: Any) -> list[tuple[str, str, bool]]:
+    return sorted((str(r.get("kind")), str(r.get("uid")), bool(r.get("controller"))) for r in refs or [])
