@@ -36,9 +36,11 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "Backoff",
     "exit_code_for",
     "on_sighup",
     "run",
+    "sleep_or",
     "supervise",
 ]
 
@@ -316,3 +318,28 @@ def trim_memory() -> None:
     except (OSError, AttributeError):
         return
     trim(0)
+
+
+class Backoff:
+    """Retry delays: quick at first, doubling, capped (the kubelet or the API server being away)."""
+
+    def __init__(self, first: float = 0.05, cap: float = 5.0, factor: float = 2.0) -> None:
+        self.first, self.cap, self.factor = first, cap, factor
+        self.delay = first
+
+    def next(self) -> float:
+        delay = self.delay
+        self.delay = min(self.cap, self.delay * self.factor)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.first
+
+
+async def sleep_or(event: asyncio.Event, seconds: float) -> bool:
+    """Sleep, waking early when `event` is set; returns whether it was set."""
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True

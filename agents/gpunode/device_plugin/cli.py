@@ -9,18 +9,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, values_from_model
+from gpunode.common.cli import (
+    FlagSet,
+    add_common_flags,
+    add_kube_flags,
+    log_effective_config,
+    values_from_model,
+)
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import default_listen_host
+from gpunode.common.labelconfig import add_label_config_flags, parse_fallback_strategies
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
 from gpunode.device_plugin.health import HealthConfigError, XidPolicy
-from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
+from gpunode.device_plugin.plugin import AgentOptions, ConfigDirOptions, DevicePlugin
 from gpunode.device_plugin.settings import PluginSettings, parse_device_list_strategy, settings_from_config
 from gpunode.nvml import check_simulation
 
 if TYPE_CHECKING:
+    from gpunode.common.kube import Kube
     from gpunode.device_plugin.config import PluginConfig
 
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
@@ -116,6 +124,8 @@ def flag_set() -> FlagSet:
         metavar="DURATION",
         help="quiet time before an Unhealthy GPU is Healthy again; 0 never",
     )
+    add_label_config_flags(f)
+    add_kube_flags(f, namespace_help="namespace (unused by the device plugin; common to the agents)")
     f.add(
         "--host-root",
         env="GPUNODE_HOST_ROOT",
@@ -172,11 +182,45 @@ def probe_interval(recovery_period: float) -> float:
     return min(10.0, max(0.2, recovery_period / 5))
 
 
+def config_dir_options(values: Mapping[str, Any]) -> ConfigDirOptions | None:
+    """With ``--config-file`` naming a directory: how the node label chooses a file in it."""
+    path = values.get("config_file")
+    if not path or not Path(path).is_dir():
+        return None
+    return ConfigDirOptions(
+        directory=Path(path),
+        node_label=values["node_label"],
+        default_config=values.get("default_config") or None,
+        fallbacks=parse_fallback_strategies(values["fallback_strategies"]),
+        first_label_wait=values["kube_api_timeout"],
+    )
+
+
+def connect_kube(values: Mapping[str, Any], config_dir: ConfigDirOptions) -> Kube:
+    """The API client for the node label; imported only here (lightkube costs memory)."""
+    from gpunode.common.kube import Kube
+
+    try:
+        return Kube.connect(
+            values["node_name"],
+            values.get("kubeconfig"),
+            namespace=values["namespace"],
+            timeout=values["kube_api_timeout"],
+            field_manager="gpunode-device-plugin",
+        )
+    except UsageError as exc:
+        raise UsageError(
+            f"--config-file {config_dir.directory} is a directory: the node label "
+            f"{config_dir.node_label} chooses the config in it, which needs the Kubernetes API: {exc}"
+        ) from None
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ if environ is None else environ)
     flags = flag_set()
     parsed: Any = flags.parse(argv, env)
-    if parsed.values.get("config_file"):  # only then load pydantic and the file's schema
+    path = parsed.values.get("config_file")
+    if path and not Path(path).is_dir():  # only then load pydantic and the file's schema
         from gpunode.device_plugin.config import PluginConfig
 
         parsed = flags.parse(argv, env, config_model=PluginConfig)
@@ -189,7 +233,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         policy = XidPolicy.from_env(env)
         load = settings_loader(flags, parsed.args, env)
         settings = load(parsed.config)
-    except (HealthConfigError, ValueError, ConfigError, LookupError) as exc:
+        config_dir = config_dir_options(values)
+        kube = connect_kube(values, config_dir) if config_dir is not None else None
+    except (HealthConfigError, ValueError, ConfigError, LookupError, UsageError) as exc:
         print(f"gpunode-device-plugin: error: {exc}", file=sys.stderr)
         return 2
     log_effective_config(values, parsed.sources, flags=flags.flags.values(), health_checks=str(policy))
@@ -197,7 +243,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     config_file = values.get("config_file")
     opts = AgentOptions(
         kubelet_socket=Path(kubelet) if kubelet else None,
-        config_file=Path(config_file) if config_file else None,
+        config_file=Path(config_file) if config_file and config_dir is None else None,
+        config_dir=config_dir,
         load_settings=load,
         host=HostPaths(root=values["host_root"]),
         recovery_period=values["health_recovery_period"],
@@ -210,9 +257,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     async def open_nvml() -> Any:
         from gpunode.nvml import open_nvml as open_
 
-        return await open_(settings.driver_root, values.get("simulate"), values.get("sim_state"))
+        driver_root = plugin.state.settings.driver_root  # a directory's config is chosen by now
+        return await open_(driver_root, values.get("simulate"), values.get("sim_state"))
 
-    plugin = DevicePlugin(opts, open_nvml, settings, parsed.config)
+    plugin = DevicePlugin(opts, open_nvml, settings, parsed.config, kube=kube)
     return run(plugin.run())
 
 
