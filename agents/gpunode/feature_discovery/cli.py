@@ -8,14 +8,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config
+from gpunode.common.cli import FlagSet, add_common_flags, add_kube_flags, log_effective_config
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import default_listen_host
+from gpunode.common.labelconfig import add_label_config_flags, parse_fallback_strategies
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
 from gpunode.device_plugin.settings import TimeSlicing, settings_from_config
-from gpunode.feature_discovery.loop import FdOptions, FdReload, FeatureDiscovery
+from gpunode.feature_discovery.loop import ConfigDir, FdOptions, FdReload, FeatureDiscovery
 from gpunode.feature_discovery.output import DEFAULT_OUTPUT
 from gpunode.nvml import check_simulation
 
@@ -123,6 +124,17 @@ def flag_set() -> FlagSet:
         metavar="PORT",
         help="port of /healthz, /readyz and /metrics (0: any free port, -1: off)",
     )
+    f.add(
+        "--use-node-feature-api",
+        env=("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
+        type=bool,
+        default=False,
+        file_key="flags.useNodeFeatureAPI",
+        help="publish the labels as NodeFeature nvidia-features-for-<node> instead of the feature file",
+    )
+    f.add("--pod-name", env="POD_NAME", metavar="NAME", help="this pod's name: owner of the NodeFeature")
+    add_kube_flags(f, namespace_help="namespace of the NodeFeature object")
+    add_label_config_flags(f)
     f.parser.add_argument(
         "--output", dest="output_file", default=__import__("argparse").SUPPRESS, help="alias of --output-file"
     )
@@ -137,7 +149,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     env = dict(os.environ if environ is None else environ)
     flags = flag_set()
     parsed: Any = flags.parse(argv, env)
-    if parsed.values.get("config_file"):
+    config_path = parsed.values.get("config_file")
+    config_is_dir = bool(config_path) and Path(config_path).is_dir()
+    if config_path and not config_is_dir:
         from gpunode.device_plugin.config import PluginConfig
 
         parsed = flags.parse(argv, env, config_model=PluginConfig)
@@ -149,18 +163,37 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         check_simulation(values.get("simulate"), values.get("sim_state"))
         every = interval(values["sleep_interval"])
         sharing = sharing_of(parsed.config)
+        kube = connect_kube(values) if values["use_node_feature_api"] or config_is_dir else None
+        node_feature = make_node_feature(values, kube) if values["use_node_feature_api"] else None
     except (ValueError, LookupError, ConfigError, UsageError) as exc:
         print(f"gpunode-feature-discovery: error: {exc}", file=sys.stderr)
         return 2
     log_effective_config(values, parsed.sources, flags=flags.flags.values())
 
-    def reload() -> FdReload:
-        fresh: Any = flags.parse(argv, env, exit_on_error=False)
-        if fresh.values.get("config_file"):
+    def reload(path: Path | None = None) -> FdReload:
+        """The settings from the config file (``path``: one file of a config directory; None with a
+        directory: no file); raises when it is bad."""
+        args = list(argv if argv is not None else sys.argv[1:])
+        if config_is_dir and path is not None:
+            args += ["--config-file", str(path)]
+        fresh: Any = flags.parse(args, env, exit_on_error=False)
+        if fresh.values.get("config_file") and not (config_is_dir and path is None):
             from gpunode.device_plugin.config import PluginConfig
 
-            fresh = flags.parse(argv, env, config_model=PluginConfig, exit_on_error=False)
+            fresh = flags.parse(args, env, config_model=PluginConfig, exit_on_error=False)
         return FdReload(fresh.values["mig_strategy"], sharing_of(fresh.config))
+
+    config_dir = (
+        ConfigDir(
+            directory=Path(config_path),
+            load=reload,
+            node_label=values["node_label"],
+            default_config=values.get("default_config") or None,
+            fallbacks=parse_fallback_strategies(values["fallback_strategies"]),
+        )
+        if config_is_dir
+        else None
+    )
 
     machine = values["machine_type_file"]
     opts = FdOptions(
@@ -176,7 +209,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         on_exit=values["labels_on_exit"],
         http_host=default_listen_host(env),
         http_port=None if values["http_port"] < 0 or values["oneshot"] else values["http_port"],
-        reload=reload,
+        reload=None if config_is_dir else reload,
+        config_dir=config_dir,
     )
 
     async def open_nvml() -> Any:
@@ -184,4 +218,24 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
         return await open_(values["driver_root"], values.get("simulate"), values.get("sim_state"))
 
-    return run(FeatureDiscovery(opts, open_nvml).run())
+    return run(FeatureDiscovery(opts, open_nvml, node_feature=node_feature, kube=kube).run())
+
+
+def connect_kube(values: Mapping[str, Any]) -> Any:
+    """The API client (for --use-node-feature-api, or a config directory chosen by node label); the
+    Kubernetes client is imported only here. Exit 2 without a node name or credentials."""
+    from gpunode.common.kube import Kube
+
+    return Kube.connect(
+        values["node_name"],
+        values["kubeconfig"],
+        namespace=values["namespace"],
+        timeout=values["kube_api_timeout"],
+        field_manager="gpunode-feature-discovery",
+    )
+
+
+def make_node_feature(values: Mapping[str, Any], kube: Any) -> Any:
+    from gpunode.feature_discovery.output import NodeFeatureOutput
+
+    return NodeFeatureOutput(kube, values["namespace"], values["pod_name"])

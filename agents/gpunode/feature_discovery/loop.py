@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpunode.common import sdnotify
+from gpunode.common.fswatch import watch_directory
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import HealthServer
+from gpunode.common.labelconfig import list_configs, select_config
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
-from gpunode.common.runtime import on_sighup, trim_memory
+from gpunode.common.runtime import on_sighup, sleep_or, trim_memory
 from gpunode.device_plugin.settings import TimeSlicing
 from gpunode.feature_discovery.facts import gather_facts
 from gpunode.feature_discovery.labels import LabelResult, NodeFacts, compute_labels
-from gpunode.feature_discovery.output import FeatureFile, OutputError, expiry_after_stop
+from gpunode.feature_discovery.output import FeatureFile, NodeFeatureOutput, OutputError, expiry_after_stop
 from gpunode.nvml import errors
+
+if TYPE_CHECKING:
+    from gpunode.common.kube import Kube
 from gpunode.nvml.api import EVENT_MIG_CONFIG, EVENT_XID, EventKind, Nvml
 
 AGENT = "feature-discovery"
@@ -44,6 +51,20 @@ class FdOptions:
     http_port: int | None = None
     nvml_retry_interval: float = 30.0
     reload: Callable[[], FdReload] | None = None  # SIGHUP: re-read the config file
+    config_dir: ConfigDir | None = None  # --config-file naming a directory: a node label chooses
+
+
+@dataclass(frozen=True)
+class ConfigDir:
+    """The device plugin's config directory (a ConfigMap mount); the node label chooses the file, as
+    for the device plugin, so sharing labels always describe what the plugin advertises."""
+
+    directory: Path
+    load: Callable[[Path | None], FdReload]  # a file's settings (None: no file); raises when bad
+    node_label: str
+    default_config: str | None = None
+    fallbacks: tuple[str, ...] = ("named", "single")
+    settle: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -59,8 +80,16 @@ class FeatureDiscovery:
         open_nvml: Callable[[], Awaitable[Nvml]],
         *,
         clock: Callable[[], float] = time.time,
+        node_feature: NodeFeatureOutput | None = None,
+        kube: Kube | None = None,
     ) -> None:
         self.opts = opts
+        self.node_feature = node_feature
+        self.kube = kube if kube is not None else (node_feature.kube if node_feature is not None else None)
+        self._label: str | None = None  # the config label's value (config directory mode)
+        self._in_force: tuple[str | None, str | None] | None = None  # (name, digest) of the config
+        self._config_error: str | None = None
+        self._reselect = asyncio.Event()
         self.open_nvml = open_nvml
         self.clock = clock
         self.log = get_logger("gpunode.feature_discovery")
@@ -116,14 +145,18 @@ class FeatureDiscovery:
                     written=written,
                     reason="Kubernetes label values are at most 63 of [A-Za-z0-9._-]",
                 )
-        changed = self.output.write(result.labels)
+        if self.node_feature is not None:
+            changed = await self.node_feature.write(result.labels)
+            where = {"nodefeature": f"{self.node_feature.namespace}/{self.node_feature.name}"}
+            if self.node_feature.owner_warning and "owner" not in self._warned:
+                self._warned.add("owner")
+                self.log.warning("nodefeature_owner_unknown", detail=self.node_feature.owner_warning)
+        else:
+            changed = self.output.write(result.labels)
+            where = {"file": self.opts.output_file or "<stdout>"}
         self.passes += 1
         self.last = result
-        self.log.info(
-            "labels_written" if changed else "labels_unchanged",
-            labels=len(result.labels),
-            file=self.opts.output_file or "<stdout>",
-        )
+        self.log.info("labels_written" if changed else "labels_unchanged", labels=len(result.labels), **where)
         if len(result.labels) <= 1:
             self.log.warning("no_labels", hint="no GPU found or NVML unavailable")
         self.metrics.mark_success("labeling")
@@ -147,6 +180,8 @@ class FeatureDiscovery:
     # -- the loop --------------------------------------------------------------------------------------
     async def run(self) -> None:
         try:
+            if self.opts.config_dir is not None:
+                await self._first_config(self.opts.config_dir)
             self.nvml = await self._open_nvml()
             if self.opts.oneshot:
                 await self.label_once()
@@ -157,6 +192,11 @@ class FeatureDiscovery:
                         "nvml", lambda: (self.nvml is not None, "" if self.nvml else "NVML unavailable")
                     )
                     self.http.add_check("labeled", lambda: (self.passes > 0, f"{self.passes} passes"))
+                    if self.node_feature is not None:
+                        kube = self.node_feature.kube
+                        self.http.add_check(
+                            "kube", lambda: (kube.available is not False, kube.last_error or "reachable")
+                        )
                     tg.create_task(self.http.serve(), name="http")
                 tg.create_task(sdnotify.watchdog_task(), name="watchdog")
                 if self.nvml is not None:
@@ -172,9 +212,17 @@ class FeatureDiscovery:
                 trim_memory()
                 sdnotify.notify(ready=True, status=f"{len(self.last.labels) if self.last else 0} labels")
                 tg.create_task(on_sighup(self.reload, metrics=self.metrics, log=self.log), name="sighup")
+                if self.opts.config_dir is not None:
+                    tg.create_task(self._follow_directory(self.opts.config_dir), name="config-watch")
+                    tg.create_task(self._config_selector(self.opts.config_dir), name="config-select")
+                    if self.kube is not None:
+                        tg.create_task(self._follow_label(self.opts.config_dir), name="node-watch")
                 tg.create_task(self._passes(), name="labeling")
         finally:
             self._on_exit()
+            if self.node_feature is not None:
+                with contextlib.suppress(Exception):
+                    await self.node_feature.kube.aclose()
             if self.nvml is not None:
                 with contextlib.suppress(Exception):
                     await self.nvml.close()
@@ -232,7 +280,9 @@ class FeatureDiscovery:
 
     async def reload(self) -> None:
         """SIGHUP: re-read the config (a bad one keeps the last good), new timestamp, label at once."""
-        if self.opts.reload is not None:
+        if self.opts.config_dir is not None:
+            self._apply_config(self.opts.config_dir, force=True)
+        elif self.opts.reload is not None:
             try:
                 fresh = self.opts.reload()
             except Exception as exc:
@@ -245,7 +295,14 @@ class FeatureDiscovery:
         self.wake.set()
 
     def _on_exit(self) -> None:
-        if self.opts.oneshot or self.output.path is None or self.last is None:
+        """The feature file stays with an expiry (or goes, or stays as is); a NodeFeature always stays,
+        as NVIDIA's does: its owners' garbage collection removes it."""
+        if (
+            self.opts.oneshot
+            or self.node_feature is not None
+            or self.output.path is None
+            or self.last is None
+        ):
             return
         if self.opts.on_exit == "delete":
             self.output.delete()
@@ -255,3 +312,106 @@ class FeatureDiscovery:
             with contextlib.suppress(OutputError):
                 self.output.write(self.last.labels, expiry)
             self.log.info("labels_expire", file=str(self.output.path), at=expiry.isoformat())
+
+    # -- the config chosen by a node label (--config-file naming a directory) ---------------------------
+    async def _first_config(self, d: ConfigDir) -> None:
+        """The label's config before the first pass; the default chain when the API server is away."""
+        if self.kube is not None:
+            from gpunode.common.kube import KubeError
+
+            try:
+                async with asyncio.timeout(self.kube.timeout * 2):
+                    node = await self.kube.get_node()
+                self._label = node.labels.get(d.node_label, "")
+            except (KubeError, TimeoutError) as exc:
+                self.log.warning(
+                    "node_label_unknown",
+                    error=str(exc) or "timed out",
+                    action="using the default config chain until the API server answers",
+                )
+        self._apply_config(d)
+
+    def _apply_config(self, d: ConfigDir, *, force: bool = False) -> bool:
+        """Choose again and apply a change. Keep-last-good: a label naming a missing file keeps the
+        config in force (following its content); a file that does not load is logged and skipped."""
+        try:
+            names = list_configs(d.directory)
+        except OSError as exc:
+            self._selection_failed(f"cannot list {d.directory}: {exc.strerror or exc}")
+            return False
+        selection = select_config(
+            names, self._label, default_config=d.default_config, fallbacks=d.fallbacks, where=d.directory
+        )
+        if selection.error:
+            self._selection_failed(selection.error)
+        else:
+            self._config_error = None
+        if not selection.chosen:
+            return False
+        name = selection.name
+        if selection.error and self._in_force is not None:
+            name = self._in_force[0]
+        path = d.directory / name if name is not None else None
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else None
+        except OSError as exc:
+            self.log.error(
+                "config_rejected", error=f"{path}: {exc.strerror or exc}", keeping="the config in force"
+            )
+            return False
+        if not force and self._in_force == (name, digest):
+            return False
+        try:
+            fresh = d.load(path)
+        except Exception as exc:
+            self.log.error("config_rejected", error=str(exc), config=name, keeping="the config in force")
+            self.metrics.count_error("config")
+            return False
+        self.mig_strategy, self.sharing = fresh.mig_strategy, fresh.sharing
+        self._in_force = (name, digest)
+        self.log.info(
+            "config_selected",
+            name=name,
+            source=selection.source if name == selection.name else "kept",
+            label=self._label,
+        )
+        return True
+
+    def _selection_failed(self, reason: str) -> None:
+        if reason != self._config_error:
+            self._config_error = reason
+            self.log.error("config_selection_failed", reason=reason, label=self._label)
+            self.metrics.count_error("config-selection")
+
+    async def _follow_label(self, d: ConfigDir) -> None:
+        from gpunode.common.kube import KubeError
+
+        assert self.kube is not None
+        while True:
+            try:
+                async for node in self.kube.watch_node():
+                    label = node.labels.get(d.node_label, "")
+                    if label != self._label:
+                        self.log.info(
+                            "node_label_changed", label=d.node_label, value=label, previous=self._label
+                        )
+                        self._label = label
+                        self._reselect.set()
+            except KubeError as exc:  # 403 / 404; outages are retried inside the watch
+                self.log.error("node_watch_failed", error=str(exc), retry_in_s=30)
+                self.metrics.count_error("kube")
+                await asyncio.sleep(30)
+
+    async def _follow_directory(self, d: ConfigDir) -> None:
+        async for _ in watch_directory(d.directory, writes=True):  # a ConfigMap update swaps ..data
+            self._reselect.set()
+
+    async def _config_selector(self, d: ConfigDir) -> None:
+        while True:
+            await self._reselect.wait()
+            while True:  # one ConfigMap update is several renames: wait for a quiet moment
+                self._reselect.clear()
+                if not await sleep_or(self._reselect, d.settle):
+                    break
+            if self._apply_config(d):
+                self.wake.set()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpunode.nvml import mig, sim
+from gpunode.testing.waiting import wait_until
 
 FD = str(Path(sys.executable).parent / "gpunode-feature-discovery")
 
@@ -33,13 +34,6 @@ def labels_of(path: Path) -> dict[str, str]:
         key, _, value = line.partition("=")
         out[key] = value
     return out
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture
