@@ -23,12 +23,18 @@ import contextlib
 import logging
 import os
 import random
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+# lightkube asks for httpx2[http2], and httpcore then imports the HTTP/2 stack (about 1.5 MB) although
+# we never speak HTTP/2 to the API server (AsyncClient(http2=False)); keep it out unless already loaded.
+sys.modules.setdefault("h2", None)  # type: ignore[arg-type]
+
 import httpx2
+import msgspec
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.core.exceptions import ConfigError as LightkubeConfigError
@@ -208,7 +214,10 @@ class Kube:
         self.timeout = timeout
         self._sleep = sleep
         self._client = AsyncClient(
-            config, namespace=namespace, timeout=httpx2.Timeout(timeout), field_manager=field_manager
+            _plain_http_without_tls(config),
+            namespace=namespace,
+            timeout=httpx2.Timeout(timeout),
+            field_manager=field_manager,
         )
         self.available: bool | None = None  # None until the first call; then whether the last one got through
         self.last_error = ""
@@ -536,6 +545,16 @@ class Kube:
                 continue
             return "updated"
         raise KubeConflict("update", "nodefeatures", f"{namespace}/{name} kept changing under us", status=409)
+
+
+def _plain_http_without_tls(config: KubeConfig) -> Any:
+    """The config to connect with. An ``http://`` API server (a local test server) uses no TLS, so
+    building a verifying TLS context, which loads the whole CA bundle (about 3 MB of memory), is skipped;
+    ``https://`` servers are verified exactly as configured."""
+    single = config.get()
+    if single is not None and single.cluster.server.startswith("http://") and not single.cluster.insecure:
+        return single._replace(cluster=msgspec.structs.replace(single.cluster, insecure=True))
+    return config
 
 
 # -- translation -----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ logging and counting each failure) and :func:`on_sighup` (a reload hook that run
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
 import signal
@@ -301,23 +302,29 @@ async def on_sighup(
 
 
 def trim_memory() -> None:
-    """Give freed heap pages back to the OS (glibc's malloc_trim) after a burst of start-up work.
+    """Give freed heap pages back to the OS (glibc's malloc_trim) after a burst of work.
 
     Start-up parses descriptors, inventories and configs whose temporaries stay in the process heap;
     trimming keeps a long-running agent's resident memory at what it actually uses. No-op elsewhere.
+    Cheap after the first call (the libc handle is kept), so periodic work may call it too.
     """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
     import ctypes
     import ctypes.util
 
     name = ctypes.util.find_library("c")
     if not name:
-        return
+        return None
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
+        return ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError):
-        return
-    trim(0)
+        return None
 
 
 class Backoff:
