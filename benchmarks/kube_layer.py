@@ -41,15 +41,15 @@ t1 = time.perf_counter()
 print((t1 - t0) * 1000)
 """
 
-USE = """
+USE = f"""
 import asyncio, time
-""" + STACK + """
+{STACK}
 t0 = time.perf_counter()
 from gpunode.common.kube import Kube
 async def main():
-    kube = Kube.connect("node-1", {kubeconfig!r})
+    kube = Kube.connect("node-1", {{kubeconfig!r}})
     node = await kube.get_node()
-    await kube.patch_node(labels={{"bench": "1"}})
+    await kube.patch_node(labels={{{{"bench": "1"}}}})
     await kube.aclose()
     return node
 asyncio.run(main())
