@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/device_plugin.py
 	$(BIN)/python benchmarks/feature_discovery.py
 	$(BIN)/python benchmarks/exporter.py
+	$(BIN)/python benchmarks/kube_layer.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -687,8 +687,12 @@ def _media_type(content_type: str | None) -> str:
 class FakeApiServer:
     """See the module docstring. Every public method is thread-safe and returns deep copies."""
 
-    def __init__(self, *, token: str | None = None, history: int = 1000) -> None:
+    def __init__(
+        self, *, token: str | None = None, history: int = 1000, port: int = 0, poll_interval: float = 0.01
+    ) -> None:
         self.token = token
+        self.requested_port = port  # 0: any free port
+        self.poll_interval = poll_interval  # how often the accept loop looks for stop(); bounds its latency
         self.history = history
         self.pod_deletion_delay = 0.0  # seconds a deleted or evicted pod stays terminating
         self.bookmark_interval: float | None = None  # seconds between BOOKMARKs where a watch allows them
@@ -729,7 +733,7 @@ class FakeApiServer:
         self._threads = [
             threading.Thread(
                 target=self._httpd.serve_forever,
-                kwargs={"poll_interval": 0.01},  # stop() waits up to this long
+                kwargs={"poll_interval": self.poll_interval},  # stop() waits up to this long
                 name="fake-apiserver",
                 daemon=True,
             ),
@@ -1833,7 +1837,7 @@ class _HttpServer(ThreadingHTTPServer):
 
     def __init__(self, api: FakeApiServer) -> None:
         self.api = api
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(("127.0.0.1", api.requested_port), _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that went away is no news; never print tracebacks to stderr
