@@ -1,0 +1,247 @@
+"""gpunode.mig.hooks: mig-parted's hooks file and running its commands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpunode.common.errors import ConfigError
+from gpunode.mig.hooks import HookFailed, HooksSpec, load_hooks, parse_hooks, run_hooks
+
+SH = "/bin/sh"
+ENV = "/usr/bin/env"
+
+
+class RecordingLog:
+    """Stands in for a structlog logger: keeps (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict[str, Any]]] = []
+
+    def _record(self, level: str, event: str, **fields: Any) -> None:
+        self.records.append((level, event, fields))
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._record("debug", event, **fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._record("info", event, **fields)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [fields for _, event, fields in self.records if event == name]
+
+
+def hooks_file(**hooks: list[dict[str, Any]]) -> HooksSpec:
+    return parse_hooks(json.dumps({"version": "v1", "hooks": hooks}), "hooks.yaml")
+
+
+def sh(script: str, **extra: Any) -> dict[str, Any]:
+    return {"command": SH, "args": ["-c", script], **extra}
+
+
+# ------------------------------------------------------------------------------------------ the file
+
+
+def test_parse_full_file() -> None:
+    spec = parse_hooks(
+        """\
+version: v1
+hooks:
+  apply-start:
+    - command: /bin/bash
+      args: ["-c", "echo start"]
+      envs: {A: "1"}
+      workdir: /etc/nvidia-mig-manager
+  pre-apply-mode:
+    - command: /usr/bin/systemctl
+      args: [stop, kubelet.service]
+    - command: /bin/true
+  apply-exit:
+    - command: /usr/bin/systemctl
+      args: [start, --no-block, kubelet.service]
+""",
+        "hooks.yaml",
+    )
+    start = spec.commands("apply-start")
+    assert len(start) == 1
+    assert start[0].command == "/bin/bash"
+    assert start[0].args == ("-c", "echo start")
+    assert start[0].envs == {"A": "1"}
+    assert start[0].workdir == "/etc/nvidia-mig-manager"
+    assert [c.command for c in spec.commands("pre-apply-mode")] == ["/usr/bin/systemctl", "/bin/true"]
+    assert spec.commands("pre-apply-config") == ()
+    assert spec.commands("apply-exit")[0].args == ("start", "--no-block", "kubelet.service")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "version: v1\nhooks: {apply-start: [{command: bash}]}",
+            "hooks.apply-start[0].command: must be an absolute path (hooks do not inherit PATH), not 'bash'",
+            id="relative-command",
+        ),
+        pytest.param(
+            "version: v1\nhooks: {apply-start: [{args: [x]}]}",
+            "hooks.apply-start[0].command: required key is missing",
+            id="no-command",
+        ),
+        pytest.param(
+            "version: v1\nhooks: {apply-start: [{command: /bin/true, workdir: tmp}]}",
+            "hooks.apply-start[0].workdir: must be an absolute path, not 'tmp'",
+            id="relative-workdir",
+        ),
+        pytest.param(
+            "version: v1\nhooks: {apply-start: [{command: /bin/true, envs: {A: 1}}]}",
+            "hooks.apply-start[0].envs.A: must be a string, not an integer",
+            id="env-number",
+        ),
+        pytest.param(
+            'version: v1\nhooks: {apply-start: [{command: /bin/true, envs: {"A=B": x}}]}',
+            "hooks.apply-start[0].envs: not valid environment variable names: 'A=B'",
+            id="env-name",
+        ),
+        pytest.param(
+            "version: v1\nhooks: {apply-start: [{command: /bin/true, arg: [x]}]}",
+            "hooks.apply-start[0].arg: unknown key",
+            id="unknown-command-key",
+        ),
+        pytest.param(
+            "version: v1\nhooks: {post-apply: [{command: /bin/true}]}",
+            "hooks.post-apply: unknown key",
+            id="unknown-hook",
+        ),
+        pytest.param("hooks: {}", "version: required key is missing", id="no-version"),
+        pytest.param("version: v2", 'version: must be v1 (got "v2")', id="bad-version"),
+    ],
+)
+def test_bad_files(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_hooks(text, "hooks.yaml")
+    assert info.value.path == "hooks.yaml"
+    assert any(p.startswith(expected) for p in info.value.problems), info.value.problems
+
+
+def test_load_hooks(tmp_path: Path) -> None:
+    path = tmp_path / "hooks.yaml"
+    path.write_text("version: v1\nhooks:\n  apply-exit: [{command: /bin/true}]\n")
+    assert load_hooks(path).commands("apply-exit")[0].command == "/bin/true"
+    with pytest.raises(ConfigError, match="file not found"):
+        load_hooks(tmp_path / "nope.yaml")
+
+
+# ---------------------------------------------------------------------------------------- running
+
+
+async def test_commands_run_in_order(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    spec = hooks_file(**{"apply-start": [sh(f"echo one >> {out}"), sh(f"echo two >> {out}")]})
+    log = RecordingLog()
+    await run_hooks(spec, "apply-start", {}, log=log)
+    assert out.read_text() == "one\ntwo\n"
+    assert [f["hook"] for f in log.events("mig_hook_started")] == ["apply-start", "apply-start"]
+    finished = log.events("mig_hook_finished")
+    assert [f["returncode"] for f in finished] == [0, 0]
+    assert all(level == "debug" for level, event, _ in log.records if event == "mig_hook_output")
+
+
+async def test_other_hooks_do_not_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    spec = hooks_file(**{"apply-exit": [sh(f"touch {out}")]})
+    await run_hooks(spec, "pre-apply-mode", {}, log=RecordingLog())
+    await run_hooks(None, "apply-exit", {}, log=RecordingLog())
+    assert not out.exists()
+
+
+async def test_failure_stops_the_list(tmp_path: Path) -> None:
+    marker = tmp_path / "second-ran"
+    spec = hooks_file(
+        **{
+            "pre-apply-config": [
+                sh("echo working; echo 'kubelet would not stop' >&2; exit 3"),
+                sh(f"touch {marker}"),
+            ]
+        }
+    )
+    with pytest.raises(HookFailed) as info:
+        await run_hooks(spec, "pre-apply-config", {}, log=RecordingLog())
+    failure = info.value
+    assert (failure.name, failure.command, failure.returncode) == ("pre-apply-config", SH, 3)
+    assert failure.stderr_tail == "kubelet would not stop\n"
+    assert str(failure) == "pre-apply-config hook /bin/sh: exited with status 3: kubelet would not stop"
+    assert not marker.exists()
+
+
+async def test_environment_is_not_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUNODE_TEST_PARENT_ONLY", "1")
+    spec = hooks_file(
+        **{
+            "apply-start": [
+                {"command": ENV, "envs": {"HOOK_ONLY": "h", "MIG_PARTED_SELECTED_CONFIG": "from-hook"}},
+            ]
+        }
+    )
+    log = RecordingLog()
+    base = {"MIG_PARTED_SELECTED_CONFIG": "all-balanced", "MIG_PARTED_SKIP_RESET": "false"}
+    await run_hooks(spec, "apply-start", base, log=log)
+    (output,) = log.events("mig_hook_output")
+    seen = dict(line.split("=", 1) for line in output["stdout"].splitlines())
+    assert seen == {
+        "HOOK_ONLY": "h",
+        "MIG_PARTED_SELECTED_CONFIG": "all-balanced",  # the CLI's value wins over the hook's envs
+        "MIG_PARTED_SKIP_RESET": "false",
+    }
+    assert "PATH" not in seen
+    assert "GPUNODE_TEST_PARENT_ONLY" not in seen
+
+
+async def test_workdir(tmp_path: Path) -> None:
+    spec = hooks_file(**{"apply-exit": [sh("pwd", workdir=str(tmp_path)), sh("pwd")]})
+    log = RecordingLog()
+    await run_hooks(spec, "apply-exit", {}, log=log)
+    outputs = [f["stdout"].strip() for f in log.events("mig_hook_output")]
+    assert outputs[0] == str(tmp_path)
+    assert outputs[1] == os.getcwd()
+
+
+async def test_timeout_kills_the_command() -> None:
+    spec = hooks_file(**{"apply-start": [sh("echo slow >&2; exec /bin/sleep 30")]})
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(HookFailed) as info:
+        await run_hooks(spec, "apply-start", {}, log=RecordingLog(), timeout=0.5)
+    assert asyncio.get_running_loop().time() - started < 10
+    assert info.value.returncode is None
+    assert "timed out after 0.5 s" in str(info.value)
+
+
+async def test_command_that_cannot_start(tmp_path: Path) -> None:
+    spec = hooks_file(**{"apply-start": [{"command": str(tmp_path / "missing")}]})
+    with pytest.raises(HookFailed, match="cannot start") as info:
+        await run_hooks(spec, "apply-start", {}, log=RecordingLog())
+    assert info.value.returncode is None
+
+
+async def test_cancellation_kills_the_command(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    spec = hooks_file(**{"apply-start": [sh(f"echo $$ > {pidfile}; exec /bin/sleep 30")]})
+    task = asyncio.create_task(run_hooks(spec, "apply-start", {}, log=RecordingLog()))
+    for _ in range(200):
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        await asyncio.sleep(0.02)
+    pid = int(pidfile.read_text())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+async def test_unknown_hook_name() -> None:
+    with pytest.raises(ValueError, match="unknown hook 'post-apply'"):
+        await run_hooks(None, "post-apply", {}, log=RecordingLog())
