@@ -45,7 +45,7 @@ def flag_set(verb: str) -> FlagSet:
             env="MIG_PARTED_CONFIG_FILE",
             short="-f",
             metavar="FILE",
-            help="mig-parted v1 config ('-': stdin)",
+            help="mig-parted v1 config ('-': stdin; default: the shipped default layouts)",
         )
         f.add(
             "--selected-config",
@@ -183,9 +183,12 @@ def load_selected(verb: str, values: Mapping[str, Any]) -> Any:
     from gpunode.mig.spec import UnknownConfig, load_spec, parse_spec
 
     path = values.get("config_file")
-    if not path:
-        raise UsageError("--config-file (-f, MIG_PARTED_CONFIG_FILE) is required")
-    spec = parse_spec(sys.stdin.read(), "<stdin>") if path == "-" else load_spec(path)
+    if not path:  # mig-parted insists on a file; we fall back to the shipped default layouts
+        from gpunode.mig.layouts import default_spec
+
+        spec = default_spec()
+    else:
+        spec = parse_spec(sys.stdin.read(), "<stdin>") if path == "-" else load_spec(path)
     try:
         entries = spec.select(values.get("selected_config"))
     except UnknownConfig as exc:
