@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/feature_discovery.py
 	$(BIN)/python benchmarks/exporter.py
 	$(BIN)/python benchmarks/kube_layer.py
+	$(BIN)/python benchmarks/mig.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
