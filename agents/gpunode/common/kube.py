@@ -153,6 +153,7 @@ class PodInfo:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     owners: tuple[OwnerRef, ...] = ()
     requests: frozenset[str] = frozenset()  # extended resources any container requests or limits
+    empty_dirs: tuple[str, ...] = ()  # names of its emptyDir volumes (data lost when it is evicted)
 
     @property
     def key(self) -> str:
@@ -299,8 +300,10 @@ class Kube:
         labels: Mapping[str, str | None] | None = None,
         annotations: Mapping[str, str | None] | None = None,
         resource_version: str | None = None,
+        unschedulable: bool | None = None,
     ) -> NodeInfo:
-        """Merge-patch the own node's labels / annotations in one request; a None value removes the key.
+        """Merge-patch the own node's labels / annotations (and, with ``unschedulable``, cordon or
+        uncordon it) in one request; a None label or annotation value removes the key.
 
         With ``resource_version`` the patch applies only to that version of the node (optimistic
         locking): if anyone changed the node since, :class:`KubeConflict` is raised and nothing changes.
@@ -312,9 +315,12 @@ class Kube:
             meta["annotations"] = dict(annotations)
         if resource_version is not None:
             meta["resourceVersion"] = resource_version
-        if not meta.keys() - {"resourceVersion"}:
+        body: dict[str, Any] = {"metadata": meta}
+        if unschedulable is not None:
+            body["spec"] = {"unschedulable": True if unschedulable else None}
+        if not meta.keys() - {"resourceVersion"} and unschedulable is None:
             return await self.get_node()
-        return await self._patch_node({"metadata": meta})
+        return await self._patch_node(body)
 
     async def set_unschedulable(self, unschedulable: bool) -> NodeInfo:
         """Cordon (True) or uncordon (False) the own node."""
@@ -638,6 +644,7 @@ def _pod_info(pod: Any) -> PodInfo:
         node_selector=dict((spec.nodeSelector if spec else None) or {}),
         owners=owners,
         requests=frozenset(requests),
+        empty_dirs=tuple(v.name for v in ((spec.volumes if spec else None) or []) if v.emptyDir is not None),
     )
 
 
