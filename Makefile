@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/exporter.py
 	$(BIN)/python benchmarks/kube_layer.py
 	$(BIN)/python benchmarks/mig.py
+	$(BIN)/python benchmarks/driver_loader.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,4 +1,4 @@
-"""`gpunode`: the umbrella command (sim, demo, test-apiserver, version)."""
+"""`gpunode`: the umbrella command (sim, demo, test-apiserver, fake-host, version)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="walk through the simulated dgx-a100 node")
     demo.add_argument("--preset", default="dgx-a100")
     sub.add_parser("version", help="print the version")
-    from gpunode.testing import apiserver_cli
+    from gpunode.testing import apiserver_cli, fake_host_cli
 
     apiserver_cli.add_parser(sub)
+    fake_host_cli.add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "test-apiserver":
         return apiserver_cli.run(args)
+    if args.command == "fake-host":
+        return fake_host_cli.run(args)
     if args.command == "version":
         print(f"gpunode {__version__}")
         return 0

@@ -42,6 +42,7 @@ __all__ = [
     "log_effective_config",
     "parse_bool",
     "resolve",
+    "split_verb",
     "values_from_model",
 ]
 
@@ -460,6 +461,24 @@ def add_common_flags(flags: FlagSet, *, config_file: bool = True) -> None:
     )
     if config_file:
         flags.add("--config-file", env="CONFIG_FILE", metavar="FILE", help="YAML configuration file")
+
+
+def split_verb(
+    prog: str, argv: Sequence[str] | None, verbs: Sequence[str], usage: str | None
+) -> tuple[str, list[str]] | int:
+    """``prog VERB [flags]``: (verb, the rest), or the exit code after printing usage (``-h``: 0, none: 2)
+    or an error naming the commands (unknown verb: 2)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage or "")
+        return 0 if args else 2
+    if args[0] not in verbs:
+        print(
+            f"{prog}: error: unknown command {args[0]!r}; the commands are: {', '.join(verbs)}",
+            file=sys.stderr,
+        )
+        return 2
+    return args[0], args[1:]
 
 
 def add_kube_flags(

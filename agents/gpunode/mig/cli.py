@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config
+from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, split_verb
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.logging import configure_logging
@@ -142,17 +142,10 @@ def flag_set(verb: str) -> FlagSet:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ if environ is None else environ)
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0 if args else 2
-    verb, rest = args[0], args[1:]
-    if verb not in VERBS:
-        print(
-            f"gpunode-mig: error: unknown command {verb!r}; the commands are: {', '.join(VERBS)}",
-            file=sys.stderr,
-        )
-        return 2
+    split = split_verb("gpunode-mig", argv, VERBS, __doc__)
+    if isinstance(split, int):
+        return split
+    verb, rest = split
     flags = flag_set(verb)
     values = flags.parse(rest, env).values
     configure_logging(

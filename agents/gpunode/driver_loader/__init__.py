@@ -1,0 +1,1 @@
+"""The driver loader: kernel modules, nouveau, device nodes, persistence, readiness, and safe upgrades."""

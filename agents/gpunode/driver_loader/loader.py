@@ -1,0 +1,1146 @@
+"""The driver loader: ``init`` (plan, then apply step by step), the health daemon, ``unload``, ``status``.
+
+``init`` steps, in order, each logged (``step_started``/``step_done``/``step_failed`` with ``progress``)
+and recorded in ``/run/nvidia/gpunode-driver/status.json``:
+
+1. ``host-driver``      a driver we did not load is running and the host has ``nvidia-smi``: only the
+                        readiness files are written (``IS_HOST_DRIVER=true``), every other step is skipped;
+2. ``nouveau``          unload it, or stop with the blacklist steps (``--write-nouveau-blacklist``);
+3. ``config-digest``    sha256 of the configuration (or ``DRIVER_CONFIG_DIGEST``) against
+                        ``/run/nvidia/nvidia-driver.state``: equal and loaded = fast path (modules kept);
+4. ``unload-previous``  a loaded driver with another configuration is removed (refused while in use);
+5. ``module-source``    precompiled modules for the kernel, else a build (nvidia-installer or DKMS);
+6. ``module-params``    ``/etc/modprobe.d/nvidia-gpunode.conf`` from ``<params-dir>/<module>.conf``;
+7. ``load-modules``     ``modprobe`` nvidia, nvidia-uvm, nvidia-modeset (+ nvidia-peermem with RDMA);
+8. ``device-nodes``     the ``/dev/nvidia*`` nodes the driver does not create (udev first, if it runs);
+9. ``persistenced``     ``nvidia-persistenced --persistence-mode`` when present;
+10. ``readiness``       ``.driver-ctr-ready`` and ``driver-ready``.
+
+The digest is recorded just before the first ``modprobe``, so a run killed part-way converges on the
+next: the modules already loaded are kept, the missing ones are loaded, nothing is loaded twice.
+
+As a daemon (without ``--oneshot``) it then checks every ``--health-interval`` seconds: missing modules
+are loaded again, missing or wrong device nodes made again, a dead nvidia-persistenced restarted; while
+any of that fails the readiness files are removed and ``/readyz`` fails. SIGTERM removes what NVIDIA's
+preStop hook removes (``.driver-ctr-ready``, ``.driver-daemons-status``) and leaves the modules loaded,
+so restarting the agent never disturbs running GPU work; ``unload`` removes them.
+
+Where this differs from NVIDIA's driver container and driver manager, and why:
+
+* nouveau and the host-driver check live in ``init`` (NVIDIA: the driver manager's init container);
+  a host driver means readiness files only, not a node label plus a crash loop;
+* modules are loaded with ``modprobe -d <driver-root>`` from a module tree, never by re-running
+  ``nvidia-installer`` on every start; builds use ``--kernel-install-path`` into that tree;
+* ``init`` creates the control, GPU, UVM and MIG capability nodes itself (NVIDIA: the validator and
+  nvidia-modprobe), after giving udev a chance;
+* the fast path with nothing to do skips ``nvidia-smi`` (checked when the modules were loaded);
+* ``unload`` looks for processes holding ``/dev/nvidia*`` before stopping persistenced, and starts it
+  again when module references refuse the unload, so a refusal changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpunode.common.errors import ConfigError, UsageError
+from gpunode.common.hostpaths import HostPaths
+from gpunode.common.logging import get_logger
+from gpunode.driver_loader import devnodes, kmod
+from gpunode.driver_loader.modules import (
+    MODULE_TYPES,
+    PARAM_MODULES,
+    InitPlan,
+    ModuleType,
+    Observed,
+    ParamFile,
+    PlanInputs,
+    config_digest,
+    firmware_disabled,
+    modules_to_load,
+    parse_driver_version,
+    parse_module_type,
+    parse_params,
+    plan_init,
+    render_modprobe_conf,
+    sysfs_name,
+    wants_coherent_param,
+)
+from gpunode.driver_loader.ops import DriverInUse, DriverUser
+from gpunode.driver_loader.readiness import (
+    CTR_READY,
+    DRIVER_READY,
+    Files,
+    InstanceLock,
+    LoaderBusy,
+    StatusBook,
+    iso,
+)
+
+if TYPE_CHECKING:
+    from gpunode.common.cli import FlagSet
+    from gpunode.common.http import HealthServer
+    from gpunode.common.metrics import AgentMetrics
+
+__all__ = [
+    "INIT_STEPS",
+    "UNLOAD_STEPS",
+    "DriverLoader",
+    "LoaderConfig",
+    "LoaderError",
+    "add_loader_flags",
+    "config_from_values",
+    "read_params_dir",
+    "show_status",
+]
+
+AGENT = "driver-loader"
+INIT_STEPS = (
+    "host-driver",
+    "nouveau",
+    "config-digest",
+    "unload-previous",
+    "module-source",
+    "module-params",
+    "load-modules",
+    "device-nodes",
+    "persistenced",
+    "readiness",
+)
+UNLOAD_STEPS = ("check-processes", "persistenced", "check-modules", "readiness", "remove-modules")
+SMI_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin", "opt/bin", "usr/lib/wsl/lib")
+MODULE_SUBDIRS = ("kernel/drivers/video", "updates/dkms", "extra", "updates")
+KO_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
+PERSISTENCED_NAME = "nvidia-persistenced"[:15]  # /proc/<pid>/comm keeps 15 characters
+BUILD_TIMEOUT = 1800.0
+NOUVEAU_BLACKLIST = "blacklist nouveau\noptions nouveau modeset=0\n"
+
+
+class LoaderError(Exception):
+    """A step failed; the message says what, with the tool's own words, and what to do."""
+
+
+# ------------------------------------------------------------------------------------ config
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    paths: HostPaths
+    kernel: str
+    module_type: ModuleType = field(default_factory=lambda: parse_module_type("auto"))
+    driver_version: str | None = None
+    params_dir: Path = Path("/drivers")
+    params: tuple[ParamFile, ...] = ()
+    rdma: bool = False
+    force_reinstall: bool = False
+    digest_override: str | None = None
+    write_nouveau_blacklist: bool = False
+    validations_dir: str = "/run/nvidia/validations"
+    create_device_nodes: bool = True
+    udev_timeout: float = 3.0
+    health_interval: float = 30.0
+    persistenced_stop_timeout: float = 5.0
+
+    @property
+    def driver_root(self) -> str:
+        return str(self.paths.driver_root)
+
+    @property
+    def modules_tree(self) -> Path:
+        """``<driver-root>/lib/modules/<kernel>`` as seen from here."""
+        return self.paths.driver_dir / "lib" / "modules" / self.kernel
+
+    @property
+    def modules_target(self) -> Path:
+        """Where precompiled modules live and where a build installs them."""
+        return self.modules_tree / "kernel" / "drivers" / "video"
+
+    @property
+    def digest(self) -> str:
+        if self.digest_override:
+            return self.digest_override
+        return config_digest(
+            driver_version=self.driver_version,
+            driver_root=self.driver_root,
+            module_type=self.module_type.raw,
+            kernel=self.kernel,
+            params=self.params,
+            rdma=self.rdma,
+        )
+
+
+def read_params_dir(directory: Path) -> tuple[ParamFile, ...]:
+    """``<module>.conf`` for each NVIDIA module in ``directory`` (a missing directory: no parameters)."""
+    if not directory.exists():
+        return ()
+    if not directory.is_dir():
+        raise ConfigError(directory, ["not a directory; fix: point --module-params-dir at the directory"])
+    found: list[ParamFile] = []
+    for module in PARAM_MODULES:
+        for name in (f"{module}.conf", f"{sysfs_name(module)}.conf"):
+            path = directory / name
+            if not path.exists() and not path.is_symlink():
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise ConfigError(
+                    path,
+                    [
+                        f"cannot read the module parameter file ({reason}); fix: make it a readable "
+                        f"UTF-8 text file of name=value parameters, or remove it"
+                    ],
+                ) from None
+            try:
+                params = parse_params(text)
+            except ValueError as exc:
+                raise ConfigError(
+                    path, [f"{exc}; fix: write parameters as name=value, # for comments"]
+                ) from None
+            found.append(ParamFile(module, str(path), text, params))
+            break
+    return tuple(found)
+
+
+def detect_kernel(paths: HostPaths) -> str:
+    """The host's ``uname -r``: ``/proc/sys/kernel/osrelease`` under the host root (else our own)."""
+    try:
+        release = (paths.proc / "sys" / "kernel" / "osrelease").read_text().strip()
+    except OSError:
+        release = ""
+    return release or os.uname().release
+
+
+def detect_driver_version(paths: HostPaths) -> str | None:
+    """From the driver root's ``usr/src/nvidia-<version>`` (one of them), else None."""
+    with contextlib.suppress(OSError):
+        versions = sorted(
+            p.name.removeprefix("nvidia-")
+            for p in (paths.driver_dir / "usr" / "src").iterdir()
+            if p.name.startswith("nvidia-") and p.name[7:8].isdigit()
+        )
+        if len(versions) == 1:
+            return versions[0]
+    return None
+
+
+def config_from_values(values: Mapping[str, Any], *, read_params: bool = True) -> LoaderConfig:
+    """The loader's configuration from parsed flags; :class:`UsageError`/:class:`ConfigError` (exit 2)."""
+    host_root = Path(values.get("host_root") or "/")
+    if not host_root.is_dir():
+        raise UsageError(
+            f"--host-root {host_root} does not exist or is not a directory; fix: mount the host's / "
+            f"there (hostPath volume) or pass --host-root/GPUNODE_HOST_ROOT with the right path"
+        )
+    paths = HostPaths(root=host_root, driver_root=values.get("driver_root") or "/")
+    try:
+        module_type = parse_module_type(str(values.get("kernel_module_type") or "auto"))
+    except ValueError as exc:
+        raise UsageError(f"--kernel-module-type/KERNEL_MODULE_TYPE: {exc}") from None
+    params_dir = Path(values.get("module_params_dir") or "/drivers")
+    return LoaderConfig(
+        paths=paths,
+        kernel=values.get("kernel_version") or detect_kernel(paths),
+        module_type=module_type,
+        driver_version=values.get("driver_version") or detect_driver_version(paths),
+        params_dir=params_dir,
+        params=read_params_dir(params_dir) if read_params else (),
+        rdma=bool(values.get("gpu_direct_rdma")),
+        force_reinstall=bool(values.get("force_reinstall")),
+        digest_override=values.get("driver_config_digest") or None,
+        write_nouveau_blacklist=bool(values.get("write_nouveau_blacklist")),
+        validations_dir=values.get("validations_dir") or "/run/nvidia/validations",
+        create_device_nodes=values.get("create_device_nodes", True) is not False,
+        udev_timeout=float(values.get("udev_timeout", 3.0)),
+        health_interval=float(values.get("health_interval", 30.0)),
+    )
+
+
+def _add(f: FlagSet, option: str, **kw: Any) -> None:
+    """Declare a flag unless the upgrade flags already did (they share FORCE_REINSTALL)."""
+    dest = kw.get("dest") or option[2:].replace("-", "_")
+    if dest not in f.flags and option not in f.parser._option_string_actions:
+        f.add(option, **kw)
+
+
+def add_loader_flags(f: FlagSet, verb: str) -> None:
+    """The flags :func:`config_from_values` reads, for ``init``/``upgrade``, ``unload`` or ``status``."""
+    _add(
+        f,
+        "--host-root",
+        env="GPUNODE_HOST_ROOT",
+        default="/",
+        metavar="DIR",
+        help="where the host's / is mounted",
+    )
+    if verb == "status":
+        _add(f, "--json", type=bool, default=False, help="print the status document as JSON")
+        return
+    _add(
+        f,
+        "--validations-dir",
+        default="/run/nvidia/validations",
+        metavar="DIR",
+        help="readiness files (host path)",
+    )
+    _add(f, "--bin-dir", env="GPUNODE_DRIVER_BIN_DIR", metavar="DIR", help="take every tool from DIR only")
+    for tool in kmod.TOOLS:
+        _add(f, f"--{tool}", metavar="PATH", help=f"the {tool} executable")
+    if verb == "unload":
+        return
+    _add(
+        f,
+        "--kernel-module-type",
+        env="KERNEL_MODULE_TYPE",
+        type=str.lower,
+        choices=MODULE_TYPES,
+        default="auto",
+        help="module source (auto, precompiled, runcompiled) or NVIDIA's flavour (open, proprietary)",
+    )
+    _add(
+        f,
+        "--kernel-version",
+        env="KERNEL_VERSION",
+        metavar="KVER",
+        help="kernel to load for (default: the host's uname -r)",
+    )
+    _add(
+        f,
+        "--module-params-dir",
+        default="/drivers",
+        metavar="DIR",
+        help="<module>.conf module parameter files",
+    )
+    _add(
+        f,
+        "--driver-version",
+        env="DRIVER_VERSION",
+        metavar="VER",
+        help="driver version (default: from the driver root)",
+    )
+    _add(
+        f,
+        "--gpu-direct-rdma",
+        env="GPU_DIRECT_RDMA_ENABLED",
+        type=bool,
+        default=False,
+        help="GPUDirect RDMA: also load nvidia-peermem",
+    )
+    _add(
+        f,
+        "--force-reinstall",
+        env="FORCE_REINSTALL",
+        type=bool,
+        default=False,
+        help="reload even when the digest matches",
+    )
+    _add(
+        f,
+        "--driver-config-digest",
+        env="DRIVER_CONFIG_DIGEST",
+        metavar="SHA",
+        help="digest to record and compare (default: computed)",
+    )
+    _add(
+        f,
+        "--write-nouveau-blacklist",
+        type=bool,
+        default=False,
+        help="write blacklist-nouveau.conf when nouveau is loaded",
+    )
+    _add(
+        f,
+        "--create-device-nodes",
+        env="GPUNODE_CREATE_DEVICE_NODES",
+        type=bool,
+        default=True,
+        help="mknod the /dev/nvidia* nodes the driver does not create (false: only report them)",
+    )
+    _add(
+        f,
+        "--udev-timeout",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="wait this long for udev before mknod",
+    )
+    if verb == "init":
+        _add(f, "--oneshot", type=bool, default=False, help="load and exit instead of staying a daemon")
+        _add(f, "--dry-run", type=bool, default=False, help="print the plan, change nothing")
+        _add(
+            f,
+            "--health-interval",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="seconds between the daemon's health checks",
+        )
+        _add(
+            f,
+            "--http-port",
+            env="GPUNODE_HTTP_PORT",
+            type=int,
+            default=9454,
+            metavar="PORT",
+            help="/healthz, /readyz, /metrics (0: any free port, -1: off)",
+        )
+
+
+# ------------------------------------------------------------------------------------ loader
+
+
+class _Outcome:
+    def __init__(self) -> None:
+        self.detail = ""
+        self.skipped = False
+
+    def skip(self, detail: str) -> None:
+        self.skipped, self.detail = True, detail
+
+
+class DriverLoader:
+    """Implements :class:`~gpunode.driver_loader.ops.DriverOps` on a host (real, or a fake tree)."""
+
+    def __init__(
+        self,
+        cfg: LoaderConfig,
+        ops: kmod.HostOps,
+        *,
+        clock: Callable[[], float] = time.time,
+        log: Any = None,
+    ) -> None:
+        self.cfg = cfg
+        self.paths = cfg.paths
+        self.ops = ops
+        self.clock = clock
+        self.log = log if log is not None else get_logger("gpunode.driver_loader")
+        self.files = Files(cfg.paths, cfg.validations_dir)
+        self.lock = InstanceLock(self.files.pid)
+        self._lock_depth = 0
+        self.book: StatusBook | None = None
+        self.host_driver_version: str | None = None
+        self.ready = False
+        self.health_detail = "not initialised"
+        self.metrics: AgentMetrics | None = None
+        self.persistenced_restarts = 0
+        self._last_health: tuple[bool, str] = (True, "")
+
+    # ------------------------------------------------------------------ DriverOps
+
+    async def host_driver(self) -> str | None:
+        return self._find_host_driver()
+
+    async def loaded(self) -> bool:
+        return "nvidia" in kmod.loaded_modules(self.paths)
+
+    async def digest_matches(self) -> bool:
+        return await self.loaded() and self.files.recorded_digest() == self.cfg.digest
+
+    async def users(self) -> list[DriverUser]:
+        pid = self._persistenced_pid()
+        users = kmod.process_users(self.paths, exclude=[pid] if pid else [])
+        modules = kmod.module_users(self.paths)
+        if pid is not None:  # persistenced's own open files count on nvidia until unload stops it
+            modules = [u for u in modules if u.name != "nvidia" or not u.detail.startswith("refcnt")]
+        return users + modules
+
+    async def load(self) -> None:
+        await self.init()
+
+    async def unload(self) -> None:
+        async with self._locked():
+            self.book = StatusBook.create(self.files.status, "unload", UNLOAD_STEPS, self.clock)
+            try:
+                await self._unload(record=True)
+            except BaseException:
+                self.book.finish("failed")
+                raise
+            self.book.finish("done")
+
+    def close(self) -> None:
+        self._lock_depth = 0
+        self.lock.release()
+
+    # ------------------------------------------------------------------ observe and plan
+
+    def _find_host_driver(self) -> str | None:
+        """A driver loaded by someone else, with ``nvidia-smi`` on the host: its version, or None."""
+        if self.files.recorded_digest() is not None:
+            return None  # we loaded it
+        version_file = self.paths.proc_driver_nvidia / "version"
+        if not (self.paths.sys_module("nvidia").exists() or version_file.exists()):
+            return None
+        if not any((self.paths.root / sub / "nvidia-smi").is_file() for sub in SMI_DIRS):
+            return None
+        for source in (version_file, self.paths.sys_module("nvidia") / "version"):
+            with contextlib.suppress(OSError):
+                text = source.read_text()
+                version = parse_driver_version(text) if source == version_file else text.strip()
+                if version:
+                    return version
+        return "unknown"
+
+    def _modules_dir(self) -> Path | None:
+        for sub in MODULE_SUBDIRS:
+            directory = self.cfg.modules_tree / sub
+            if any((directory / f"nvidia{suffix}").exists() for suffix in KO_SUFFIXES):
+                return directory
+        return None
+
+    def _headers(self) -> Path | None:
+        kernel = self.cfg.kernel
+        for base in dict.fromkeys((self.paths.root, self.paths.driver_dir)):
+            for rel in (
+                f"lib/modules/{kernel}/build",
+                f"usr/src/linux-headers-{kernel}",
+                f"usr/src/kernels/{kernel}",
+            ):
+                path = base / rel
+                if path.is_symlink():
+                    target = os.readlink(path)
+                    path = base / target.lstrip("/") if target.startswith("/") else path.parent / target
+                if path.is_dir():
+                    return path
+        return None
+
+    def _os_id(self) -> str | None:
+        with contextlib.suppress(OSError):
+            for line in (self.paths.etc / "os-release").read_text().splitlines():
+                if line.startswith("ID="):
+                    return line[3:].strip().strip('"')
+        return None
+
+    def _nouveau(self) -> str:
+        module = self.paths.sys_module("nouveau")
+        if (module / "refcnt").exists():
+            return "module"
+        return "builtin" if module.is_dir() else "absent"
+
+    def observe(self) -> Observed:
+        host = self._find_host_driver()
+        if host is not None:
+            return Observed(kernel=self.cfg.kernel, host_driver=host)
+        loaded = kmod.loaded_modules(self.paths)
+        recorded = self.files.recorded_digest()
+        fast = "nvidia" in loaded and recorded == self.cfg.digest and not self.cfg.force_reinstall
+        modules_dir = None if fast else self._modules_dir()
+        headers = None if fast or modules_dir is not None else self._headers()
+        return Observed(
+            kernel=self.cfg.kernel,
+            nouveau=self._nouveau(),  # type: ignore[arg-type]
+            loaded=loaded,
+            recorded_digest=recorded,
+            modules_dir=str(modules_dir) if modules_dir else None,
+            headers=str(headers) if headers else None,
+            installer=None if fast else self.ops.which("nvidia-installer"),
+            dkms=None if fast else self.ops.which("dkms"),
+            persistenced=self.ops.which("nvidia-persistenced"),
+            os_id=None if fast else self._os_id(),
+        )
+
+    def plan(self, observed: Observed | None = None) -> InitPlan:
+        inputs = PlanInputs(
+            digest=self.cfg.digest,
+            module_type=self.cfg.module_type,
+            rdma=self.cfg.rdma,
+            force_reinstall=self.cfg.force_reinstall,
+            driver_version=self.cfg.driver_version,
+            modules_target=str(self.cfg.modules_target),
+        )
+        return plan_init(observed or self.observe(), inputs)
+
+    # ------------------------------------------------------------------ steps
+
+    @contextlib.asynccontextmanager
+    async def _locked(self) -> AsyncIterator[None]:
+        if self._lock_depth == 0:
+            try:
+                self.lock.acquire()
+            except LoaderBusy as exc:
+                raise LoaderError(str(exc)) from None
+        self._lock_depth += 1
+        try:
+            yield
+        finally:
+            self._lock_depth -= 1
+            if self._lock_depth == 0:
+                self.lock.release()
+
+    @contextlib.asynccontextmanager
+    async def _step(self, name: str, *, record: bool = True) -> AsyncIterator[_Outcome]:
+        book = self.book if record else None
+        progress = f"{book.index(name) + 1}/{len(book.steps)}" if book else "-"
+        if book:
+            book.set(name, "running")
+        self.log.info("step_started", step=name, progress=progress)
+        outcome = _Outcome()
+        started = time.monotonic()
+        try:
+            yield outcome
+        except (LoaderError, DriverInUse) as exc:
+            self._failed(book, name, progress, str(exc))
+            raise
+        except (devnodes.NodeError, OSError) as exc:
+            message = str(exc) if isinstance(exc, devnodes.NodeError) else f"{type(exc).__name__}: {exc}"
+            self._failed(book, name, progress, message)
+            raise LoaderError(message) from exc
+        if book:
+            book.set(name, "skipped" if outcome.skipped else "done", outcome.detail)
+        self.log.info(
+            "step_skipped" if outcome.skipped else "step_done",
+            step=name,
+            progress=progress,
+            detail=outcome.detail,
+            duration_ms=round((time.monotonic() - started) * 1000, 1),
+        )
+
+    def _failed(self, book: StatusBook | None, name: str, progress: str, message: str) -> None:
+        if book:
+            book.set(name, "failed", message)
+        self.log.error("step_failed", step=name, progress=progress, error=message)
+
+    def _skip_rest(self, after: str, detail: str) -> None:
+        assert self.book is not None
+        for step in self.book.steps[self.book.index(after) + 1 :]:
+            if step.state == "pending":
+                step.state, step.detail = "skipped", detail
+        self.book.save()
+
+    # ------------------------------------------------------------------ init
+
+    async def init(self) -> InitPlan:
+        """Run every step; :class:`LoaderError`/:class:`DriverInUse` on failure (recorded in status)."""
+        async with self._locked():
+            self.ready = False
+            self.book = StatusBook.create(self.files.status, "init", INIT_STEPS, self.clock)
+            self.book.info.update(kernel=self.cfg.kernel, driverVersion=self.cfg.driver_version)
+            try:
+                plan = await self._init_steps()
+            except BaseException as exc:
+                self.files.remove_readiness(daemons_status=False)
+                self.health_detail = f"init failed: {exc}"
+                self.book.finish("failed")
+                self.log.error("init_failed", error=str(exc))
+                raise
+            self.ready = True
+            self.health_detail = "initialised"
+            self.book.finish("done")
+            self.log.info("init_done", fast_path=plan.fast_path, host_driver=plan.host_driver)
+            return plan
+
+    async def _init_steps(self) -> InitPlan:
+        assert self.book is not None
+        cfg = self.cfg
+        self.files.daemons_status(False)
+        async with self._step("host-driver") as out:
+            observed = self.observe()
+            self.host_driver_version = observed.host_driver
+            out.detail = (
+                f"host driver {observed.host_driver} is installed and loaded: using it"
+                if observed.host_driver
+                else "no host driver"
+            )
+        plan = self.plan(observed)
+        self.book.info.update(digest=plan.digest)
+        if plan.host_driver is not None:
+            self._skip_rest("host-driver", f"host driver {plan.host_driver} in use")
+            self.book.step("readiness").state = "pending"
+            async with self._step("readiness") as out:
+                self.files.write_readiness(rdma=cfg.rdma, host_driver=True, driver_root="/")
+                self.files.daemons_status(True)
+                out.detail = "IS_HOST_DRIVER=true"
+            return plan
+        async with self._step("nouveau") as out:
+            await self._nouveau_step(plan, out)
+        async with self._step("config-digest") as out:
+            recorded = observed.recorded_digest
+            source = "DRIVER_CONFIG_DIGEST" if cfg.digest_override else "computed"
+            if plan.fast_path:
+                out.detail = f"{plan.digest[:12]} ({source}) matches the loaded driver: keeping its modules"
+            elif "nvidia" not in observed.loaded:
+                out.detail = f"{plan.digest[:12]} ({source}); no driver loaded"
+            elif recorded == plan.digest:
+                out.detail = f"{plan.digest[:12]} ({source}) matches, but FORCE_REINSTALL is set: reloading"
+            else:
+                was = recorded[:12] if recorded else "none recorded"
+                out.detail = (
+                    f"{plan.digest[:12]} ({source}) differs from the loaded driver's ({was}): reloading"
+                )
+        async with self._step("unload-previous") as out:
+            if not plan.unload:
+                out.skip("fast path" if plan.fast_path else "no NVIDIA module loaded")
+            else:
+                self.files.remove_readiness(daemons_status=False)
+                await self._unload(record=False)
+                out.detail = "removed " + ", ".join(plan.unload)
+        async with self._step("module-source") as out:
+            await self._source_step(plan, out)
+        async with self._step("module-params") as out:
+            self._params_step(plan, out)
+        async with self._step("load-modules") as out:
+            changed = await self._load_step(plan, out)
+        async with self._step("device-nodes") as out:
+            changed |= bool(await self._nodes_step(out, udev=True))
+        async with self._step("persistenced") as out:
+            if plan.persistenced is None:
+                out.skip("nvidia-persistenced not found")
+            else:
+                out.detail = await self._ensure_persistenced(plan.persistenced)
+                changed |= out.detail.startswith("started")
+            self.files.daemons_status(True)
+        async with self._step("readiness") as out:
+            # the fast path with nothing to do trusts the driver nvidia-smi checked when it was loaded
+            checked = await self._smi_check() if changed or not plan.fast_path else ""
+            self.files.write_readiness(rdma=cfg.rdma, host_driver=False, driver_root=cfg.driver_root)
+            rdma = str(cfg.rdma).lower()
+            out.detail = f"{checked}wrote {CTR_READY} (GPU_DIRECT_RDMA_ENABLED: {rdma}), {DRIVER_READY}"
+        return plan
+
+    async def _nouveau_step(self, plan: InitPlan, out: _Outcome) -> None:
+        if plan.nouveau == "none":
+            out.skip("nouveau is not loaded")
+            return
+        written = None
+        if self.cfg.write_nouveau_blacklist:
+            self.files.write(self.files.nouveau_blacklist, NOUVEAU_BLACKLIST)
+            written = self.files.nouveau_blacklist
+        if plan.nouveau == "builtin":
+            raise LoaderError(self._blacklist_steps("nouveau is built into the kernel", written))
+        rmmod = self._tool("rmmod")
+        result = await self.ops.run([rmmod, "nouveau"], timeout=60)
+        if not result.ok or (self.paths.sys_module("nouveau") / "refcnt").exists():
+            raise LoaderError(
+                self._blacklist_steps(f"nouveau cannot be unloaded ({result.describe()})", written)
+            )
+        out.detail = "unloaded nouveau" + (
+            f"; wrote {written} (update the initramfs so it stays unloaded after a reboot)" if written else ""
+        )
+
+    def _blacklist_steps(self, why: str, written: Path | None) -> str:
+        target = self.files.nouveau_blacklist
+        first = (
+            f"1) done: wrote {written} (blacklist nouveau, options nouveau modeset=0)"
+            if written
+            else f"1) write {target} containing the lines 'blacklist nouveau' and 'options nouveau "
+            f"modeset=0' (or rerun with --write-nouveau-blacklist)"
+        )
+        return (
+            f"{why}; the NVIDIA driver cannot load while nouveau holds the GPUs. Blacklist it and reboot: "
+            f"{first}; 2) update the initramfs (update-initramfs -u on Debian/Ubuntu, dracut --force on "
+            f"RHEL/Fedora/SUSE); 3) reboot the node"
+        )
+
+    async def _source_step(self, plan: InitPlan, out: _Outcome) -> None:
+        assert self.book is not None
+        if plan.fast_path:
+            out.skip("fast path: modules kept")
+            return
+        if plan.source_error is not None or plan.source is None:
+            raise LoaderError(plan.source_error or "no module source")
+        source = plan.source
+        self.book.info.update(moduleSource=source.kind)
+        if source.kind != "present":
+            self.cfg.modules_target.mkdir(parents=True, exist_ok=True)
+            self.log.info("module_build_started", argv=list(source.argv), kernel=self.cfg.kernel)
+            result = await self.ops.run(source.argv, timeout=BUILD_TIMEOUT)
+            if not result.ok:
+                raise LoaderError(
+                    f"building the modules for kernel {self.cfg.kernel} failed: {result.describe()}"
+                )
+            if self._modules_dir() is None:
+                raise LoaderError(
+                    f"{source.kind} reported success but left no nvidia.ko for kernel {self.cfg.kernel} "
+                    f"under {self.cfg.modules_tree}"
+                )
+        out.detail = source.detail
+        indexed = await self._index_modules()
+        if indexed:
+            out.detail += f"; {indexed}"
+
+    async def _index_modules(self) -> str:
+        """Run depmod when ``modules.dep`` does not list nvidia.ko (modprobe finds modules through it)."""
+        dep = self.cfg.modules_tree / "modules.dep"
+        with contextlib.suppress(OSError):
+            if "nvidia.ko" in dep.read_text():
+                return ""
+        argv = [self._tool("depmod")]
+        if self.paths.driver_dir != Path("/"):
+            argv += ["-b", str(self.paths.driver_dir)]
+        result = await self.ops.run([*argv, self.cfg.kernel], timeout=300)
+        if not result.ok:
+            raise LoaderError(f"indexing the modules failed: {result.describe()}")
+        return "indexed with depmod"
+
+    def _params_step(self, plan: InitPlan, out: _Outcome) -> None:
+        if plan.fast_path:
+            out.skip("fast path: parameters unchanged (part of the digest)")
+            return
+        coherent = wants_coherent_param(self.cfg.driver_version)
+        text = render_modprobe_conf(self.cfg.params, coherent=coherent)
+        changed = self.files.write(self.files.modprobe_conf, text)
+        modules = [line.split()[1] for line in text.splitlines() if line.startswith("options ")]
+        out.detail = f"{'wrote' if changed else 'unchanged'} {self.files.modprobe_conf}: " + (
+            f"options for {', '.join(modules)}" if modules else "no options"
+        )
+        firmware = self._firmware_path()
+        if firmware:
+            out.detail += f"; {firmware}"
+
+    def _firmware_path(self) -> str:
+        """GSP firmware search path (reference 1.5): the driver root's lib/firmware, if unset."""
+        if self.cfg.driver_root == "/" or firmware_disabled(self.cfg.params):
+            return ""
+        path = self.paths.sys_module("firmware_class") / "parameters" / "path"
+        wanted = str(Path(self.cfg.driver_root) / "lib" / "firmware")
+        try:
+            current = path.read_text().strip()
+        except OSError:
+            return ""
+        if current and current != wanted:
+            self.log.warning("firmware_path_kept", path=str(path), current=current, wanted=wanted)
+            return f"firmware path kept at {current}"
+        if not current:
+            path.write_text(wanted)
+        return f"firmware path {wanted}"
+
+    def modprobe_argv(self, module: str) -> list[str]:
+        argv = [self._tool("modprobe")]
+        if self.paths.driver_dir != Path("/"):
+            argv += ["-d", str(self.paths.driver_dir)]  # modules from <driver-root>/lib/modules/<kernel>
+        if self.paths.root != Path("/"):
+            argv += ["-C", str(self.paths.etc / "modprobe.d")]  # the host's configuration, with ours
+        if self.cfg.kernel != os.uname().release:
+            argv += ["-S", self.cfg.kernel]
+        return [*argv, module]
+
+    async def _load_step(self, plan: InitPlan, out: _Outcome) -> bool:
+        if plan.load:
+            self.files.record_digest(plan.digest)  # before loading: a rerun after a crash keeps them
+        loaded = await self._load_missing(plan.load)
+        out.detail = ("loaded " + ", ".join(loaded)) if loaded else "all modules already loaded"
+        return bool(loaded)
+
+    async def _load_missing(self, modules: Sequence[str]) -> list[str]:
+        done: list[str] = []
+        if modules and self.cfg.driver_root != "/":
+            await self._prerequisites()
+        for module in modules:
+            if sysfs_name(module) in kmod.loaded_modules(self.paths, [sysfs_name(module)]):
+                continue
+            result = await self.ops.run(self.modprobe_argv(module), timeout=300)
+            if not result.ok:
+                raise LoaderError(f"loading {module} failed: {result.describe()}")
+            self.log.info("module_loaded", module=module)
+            done.append(module)
+        return done
+
+    async def _prerequisites(self) -> None:
+        """Modules from the host's tree that nvidia.ko needs (NVIDIA loads them first; best effort)."""
+        argv = [self._tool("modprobe")]
+        if self.paths.root != Path("/"):
+            argv += ["-d", str(self.paths.root)]
+        result = await self.ops.run([*argv, "-a", "i2c_core", "ipmi_msghandler", "ipmi_devintf"], timeout=60)
+        if not result.ok:
+            self.log.warning("prerequisite_modules_failed", error=result.describe())
+
+    async def _nodes_step(self, out: _Outcome, *, udev: bool) -> list[devnodes.DeviceNode]:
+        loaded = kmod.loaded_modules(self.paths)
+        nodes = devnodes.plan_nodes(self.paths, loaded)
+        created, by_udev = await devnodes.ensure_nodes(
+            self.paths,
+            self.ops,
+            nodes,
+            udev_timeout=self.cfg.udev_timeout if udev else 0.0,
+            create=self.cfg.create_device_nodes,
+        )
+        if not self.cfg.create_device_nodes:
+            out.skip(
+                "node creation disabled"
+                + (f"; would create {', '.join(map(str, created))}" if created else "; none missing")
+            )
+            return created
+        parts = []
+        if created:
+            parts.append("created " + ", ".join(map(str, created)))
+        if by_udev:
+            parts.append("udev made " + ", ".join(map(str, by_udev)))
+        present = len(nodes) - len(created) - len(by_udev)
+        parts.append(f"{present} of {len(nodes)} already present")
+        out.detail = "; ".join(parts)
+        return created
+
+    # ------------------------------------------------------------------ persistenced
+
+    async def _smi_check(self) -> str:
+        """Like NVIDIA's startup probe: nvidia-smi must work before the driver is called ready."""
+        smi = self.ops.which("nvidia-smi")
+        if smi is None:
+            return ""
+        result = await self.ops.run([smi], timeout=120)
+        if not result.ok:
+            raise LoaderError(f"the driver is loaded but not usable: {result.describe()}")
+        return "nvidia-smi ok; "
+
+    def _persistenced_pid(self) -> int | None:
+        pid = self.files.persistenced_pid_value()
+        if pid is None or not self.ops.pid_alive(pid):
+            return None
+        name = self.ops.process_name(pid)
+        return pid if name is None or name.startswith(PERSISTENCED_NAME) else None
+
+    async def _ensure_persistenced(self, path: str) -> str:
+        pid = self._persistenced_pid()
+        if pid is not None:
+            return f"running (pid {pid})"
+        result = await self.ops.start_daemon([path, "--persistence-mode"])
+        if not result.ok:
+            raise LoaderError(f"starting nvidia-persistenced failed: {result.describe()}")
+        deadline = time.monotonic() + 5.0
+        while (pid := self._persistenced_pid()) is None:
+            if time.monotonic() > deadline:
+                raise LoaderError(
+                    f"nvidia-persistenced started but no live process is in {self.files.persistenced_pid} "
+                    f"after 5 s"
+                )
+            await asyncio.sleep(0.02)
+        self.log.info("persistenced_started", pid=pid)
+        return f"started (pid {pid})"
+
+    async def _stop_persistenced(self) -> int | None:
+        """SIGTERM and wait up to ``persistenced_stop_timeout``; the pid it had, None if not running."""
+        pid = self._persistenced_pid()
+        if pid is None:
+            return None
+        self.ops.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.persistenced_stop_timeout
+        while self.ops.pid_alive(pid):
+            if time.monotonic() > deadline:
+                raise LoaderError(
+                    f"nvidia-persistenced (pid {pid}) is still running "
+                    f"{self.cfg.persistenced_stop_timeout:g} s after SIGTERM; stop it, then unload again"
+                )
+            await asyncio.sleep(0.1)
+        self.log.info("persistenced_stopped", pid=pid)
+        return pid
+
+    # ------------------------------------------------------------------ unload
+
+    async def _unload(self, *, record: bool) -> None:
+        async with self._step("check-processes", record=record) as out:
+            pid = self._persistenced_pid()
+            procs = kmod.process_users(self.paths, exclude=[pid] if pid else [])
+            if procs:
+                raise DriverInUse(procs)
+            out.detail = "no process holds /dev/nvidia*"
+        stopped: int | None = None
+        async with self._step("persistenced", record=record) as out:
+            stopped = await self._stop_persistenced()
+            if stopped is None:
+                out.skip("not running")
+            else:
+                out.detail = f"stopped (pid {stopped})"
+        async with self._step("check-modules", record=record) as out:
+            users = kmod.module_users(self.paths)
+            if users:
+                if stopped is not None and (tool := self.ops.which("nvidia-persistenced")):
+                    with contextlib.suppress(LoaderError):
+                        await self._ensure_persistenced(tool)  # refused: leave things as they were
+                raise DriverInUse(users)
+            out.detail = "no module references beyond the NVIDIA modules' own"
+        async with self._step("readiness", record=record) as out:
+            removed = self.files.remove_readiness()
+            out.detail = ("removed " + ", ".join(p.name for p in removed)) if removed else "none present"
+        async with self._step("remove-modules", record=record) as out:
+            present = kmod.loaded_modules(self.paths)
+            for module in present:
+                result = await self.ops.run([self._tool("rmmod"), module], timeout=60)
+                if not result.ok:
+                    raise LoaderError(f"removing {module} failed: {result.describe()}")
+                self.log.info("module_removed", module=module)
+            self.files.forget_digest()
+            out.detail = ("removed " + ", ".join(present)) if present else "no NVIDIA module loaded"
+
+    # ------------------------------------------------------------------ daemon
+
+    async def health_check(self) -> bool:
+        """Reconcile what drifted (missing modules, nodes, persistenced) and report; readiness follows."""
+        problems: list[str] = []
+        if self.host_driver_version is not None:
+            if not await self.loaded():
+                problems.append("the host driver's nvidia module is no longer loaded")
+        else:
+            wanted = modules_to_load(self.cfg.rdma)
+            missing = [m for m in wanted if sysfs_name(m) not in kmod.loaded_modules(self.paths)]
+            try:
+                if missing:
+                    self.log.warning("modules_missing", modules=missing)
+                    await self._load_missing(missing)
+                await self._nodes_step(_Outcome(), udev=False)
+                tool = self.ops.which("nvidia-persistenced")
+                if tool is not None and self._persistenced_pid() is None:
+                    self.log.warning("persistenced_not_running", restarting=True)
+                    await self._ensure_persistenced(tool)
+                    self.persistenced_restarts += 1
+                    if self.metrics is not None:
+                        self.metrics.count_error("persistenced_restart")
+            except (LoaderError, devnodes.NodeError, OSError) as exc:
+                problems.append(str(exc))
+        healthy = not problems
+        detail = "; ".join(problems)
+        if (healthy, detail) != self._last_health:
+            if healthy:
+                self.log.info("driver_healthy")
+            else:
+                self.log.error("driver_unhealthy", detail=detail)
+            self._last_health = (healthy, detail)
+        if healthy:
+            self.files.write_readiness(
+                rdma=self.cfg.rdma,
+                host_driver=self.host_driver_version is not None,
+                driver_root=self.cfg.driver_root,
+            )
+            self.files.daemons_status(True)
+        else:
+            self.files.remove_readiness()
+        self.ready, self.health_detail = healthy, detail
+        if self.book is not None:
+            self.book.health = {
+                "state": "healthy" if healthy else "unhealthy",
+                "detail": detail,
+                "checkedAt": iso(self.clock()),
+                "persistencedRestarts": self.persistenced_restarts,
+            }
+            self.book.save()
+        if self.metrics is not None and healthy:
+            self.metrics.mark_success("health")
+        return healthy
+
+    async def serve(self, *, http_port: int | None = None, http_host: str | None = None) -> int:
+        """``init``, then keep the driver healthy until cancelled (SIGTERM); the exit code.
+
+        ``http_host`` defaults to the agents' rule (127.0.0.1 under systemd, all addresses in pods).
+        """
+        async with self._locked():
+            http = self._http(http_host, http_port)
+            try:
+                if http is None:
+                    return await self._daemon()
+                async with http:  # /healthz, /readyz, /metrics on their own thread, heartbeat task
+                    return await self._daemon()
+            finally:
+                self._stopped()
+
+    async def _daemon(self) -> int:
+        try:
+            await self.init()
+        except (LoaderError, DriverInUse):
+            return 1
+        assert self.book is not None
+        self.book.finish("serving")
+        from gpunode.common.runtime import trim_memory
+
+        trim_memory()
+        self.log.info("serving", health_interval_s=self.cfg.health_interval)
+        while True:
+            await asyncio.sleep(self.cfg.health_interval)
+            await self.health_check()
+
+    def _stopped(self) -> None:
+        """On SIGTERM: what NVIDIA's preStop removes; modules, nodes and persistenced stay."""
+        if self.book is not None and self.book.phase == "serving":
+            for name in (".driver-ctr-ready", ".driver-daemons-status"):
+                with contextlib.suppress(OSError):
+                    (self.files.validations / name).unlink()
+            self.book.finish("stopped")
+
+    def _http(self, host: str | None, port: int | None) -> HealthServer | None:
+        if port is None:
+            return None
+        from prometheus_client import Gauge
+
+        from gpunode.common.http import HealthServer, default_listen_host
+        from gpunode.common.metrics import create_metrics
+
+        host = host or default_listen_host(os.environ)
+        self.metrics = create_metrics(AGENT)
+        ready = Gauge(
+            "gpunode_driver_ready",
+            "1 while the driver is loaded, healthy and the readiness files are written.",
+            registry=self.metrics.registry,
+        )
+        ready.set_function(lambda: 1.0 if self.ready else 0.0)
+        http = HealthServer(self.metrics.registry, host=host, port=port)
+        http.add_check("driver", lambda: (self.ready, self.health_detail or "ready"))
+        return http
+
+    def _tool(self, name: str) -> str:
+        found = self.ops.which(name)
+        if found is None:
+            raise LoaderError(
+                f"{name} not found (searched --bin-dir, the driver root, $PATH and the host root); "
+                f"install it or pass --{name}"
+            )
+        return found
+
+
+# ------------------------------------------------------------------------------------ commands
+
+
+async def run_init(loader: DriverLoader, *, oneshot: bool, dry_run: bool, http_port: int | None) -> int:
+    if dry_run:
+        plan = loader.plan()
+        print("\n".join(plan.describe()))
+        return 0
+    if not oneshot:
+        return await loader.serve(http_port=http_port)
+    try:
+        await loader.init()
+    except (LoaderError, DriverInUse) as exc:
+        print(f"gpunode-driver-loader: init failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def run_unload(loader: DriverLoader) -> int:
+    try:
+        await loader.unload()
+    except DriverInUse as exc:
+        print(f"gpunode-driver-loader: refusing to unload: {exc}", file=sys.stderr)
+        for user in exc.users:
+            print(f"  {user}", file=sys.stderr)
+        return 1
+    except LoaderError as exc:
+        print(f"gpunode-driver-loader: unload failed: {exc}", file=sys.stderr)
+        return 1
+    print("NVIDIA driver unloaded")
+    return 0
+
+
+def show_status(host_root: str, *, as_json: bool) -> int:
+    """``status``: 0 when the last command is done/serving, 1 when it failed or never ran."""
+    from gpunode.driver_loader.readiness import read_status, render_status
+
+    path = Files(HostPaths(root=host_root)).status
+    try:
+        doc = read_status(path)
+    except (OSError, ValueError) as exc:
+        print(f"gpunode-driver-loader: no status at {path} ({exc}); has init run?", file=sys.stderr)
+        return 1
+    pid = doc.get("pid")
+    alive = isinstance(pid, int) and kmod.RealHostOps(HostPaths()).pid_alive(pid)
+    if as_json:
+        print(json.dumps({**doc, "processAlive": alive}, indent=2))
+    else:
+        print(render_status(doc, alive=alive))
+    failed = any(s.get("state") == "failed" for s in doc["steps"]) or doc.get("phase") == "failed"
+    return 1 if failed else 0

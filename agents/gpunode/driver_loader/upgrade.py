@@ -1,0 +1,1093 @@
+"""The driver manager: clear the way for a driver load, as NVIDIA's k8s-driver-manager ``uninstall_driver``.
+
+Before a driver container loads its modules, a driver already loaded must go, and it cannot while
+anything holds the GPUs. :class:`DriverUpgrade` decides what the node needs and does it:
+
+1. a driver installed on the host itself: label ``nvidia.com/gpu.deploy.driver=pre-installed`` (the
+   driver DaemonSet stops selecting the node) and do nothing else;
+2. no driver loaded: nothing to drain, load it;
+3. loaded with the configuration we would load now (and no ``FORCE_REINSTALL``): keep the modules;
+4. otherwise: pause the GPU operands (their ``nvidia.com/gpu.deploy.*`` labels read
+   ``paused-for-driver-upgrade`` until their pods have left), cordon the node and evict the pods that
+   request ``nvidia.com/gpu*`` / ``nvidia.com/mig-*`` (``ENABLE_GPU_POD_EVICTION``), unload (a driver
+   still in use fails, or with ``ENABLE_AUTO_DRAIN`` drains the whole node and retries once), load,
+   then uncordon and restore the labels.
+
+How it differs from NVIDIA's, and why:
+
+- **Nothing is left behind.** Whatever happens (success, failure, an exception, cancellation) the
+  operand labels come back, the node is uncordoned and the record is removed. Before cordoning, the
+  node annotation ``nvidia.com/gpunode.driver-upgrade`` (JSON ``{cordoned, started, step}``) says that
+  we cordon it; a run that died halfway is finished by the next start *before anything else*: the
+  operand labels are restored (:meth:`OperandPauser.recover`) and the node is uncordoned if the record
+  says we cordoned it. NVIDIA's manager forgets a crashed run's cordon.
+- **An administrator's cordon is kept.** A node already unschedulable is not cordoned by us, so it is
+  not uncordoned either (NVIDIA always uncordons at the end).
+- **The drain is all-or-nothing up front, as ``kubectl drain``.** Pods that may not be removed (no
+  controller without ``DRAIN_USE_FORCE``, emptyDir without ``DRAIN_DELETE_EMPTYDIR_DATA``) fail the
+  step before anything is evicted, naming each pod and the setting that would allow it. The whole-node
+  drain follows the same rules, so it is not tried for such pods: it would only evict unrelated
+  workloads and fail on the same pod. It is the fallback when GPU pods do not leave in time (a
+  PodDisruptionBudget, slow termination) and when the driver is still in use after the GPU pods left
+  (processes in pods that use a GPU without requesting one).
+- **Pods are evicted with the Eviction API** (disruption budgets honoured: a 429 is retried until the
+  drain timeout), each with its own grace period, and waited for by uid (a StatefulSet pod that comes
+  back under the same name does not count as still there). Progress (pods left, seconds waited) is
+  logged while waiting.
+- **The driver is loaded here**, inside the pause: operands come back once the new driver is up.
+- **A pre-installed host driver is reported, not failed** (NVIDIA sleeps 60 s and exits non-zero).
+- ``DRAIN_TIMEOUT_SECONDS`` defaults to 300 s, not NVIDIA's ``0s`` (no limit): a pod that never
+  leaves should end in a failure that names it rather than an init container waiting forever.
+  ``0`` / ``0s`` still means no limit.
+- The node annotation ``nvidia.com/gpu-driver-upgrade-enabled=true`` (the GPU Operator's upgrade
+  controller owns eviction and draining) switches our eviction and auto-drain off, as NVIDIA's does.
+
+Pods with emptyDir volumes (``PodInfo.empty_dirs``) are evicted only with ``DRAIN_DELETE_EMPTYDIR_DATA``,
+as kubectl drain does: their data goes with them.
+
+The Kubernetes client is imported only when an upgrade runs: ``add_upgrade_flags`` costs the driver
+loader nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from gpunode.common.cli import FlagSet, add_kube_flags, parse_bool
+from gpunode.common.errors import UsageError
+from gpunode.common.logging import get_logger
+from gpunode.driver_loader.ops import DriverInUse, DriverOps
+
+if TYPE_CHECKING:
+    from gpunode.common.kube import Kube, PodInfo
+    from gpunode.common.operands import Operand, OperandPauser
+
+    DRIVER_OPERANDS: tuple[Operand, ...]
+
+__all__ = [
+    "DRIVER_OPERANDS",
+    "DRIVER_OPERAND_PODS",
+    "OWNER",
+    "PAUSE_REASON",
+    "PRE_INSTALLED",
+    "RECORD_ANNOTATION",
+    "DrainPlan",
+    "DriverUpgrade",
+    "LabelSelector",
+    "Outcome",
+    "PodDecision",
+    "UpgradeFailed",
+    "UpgradeOptions",
+    "UpgradeRecord",
+    "add_upgrade_flags",
+    "decide_pod",
+    "driver_operands",
+    "is_gpu_pod",
+    "parse_duration",
+    "plan_drain",
+    "run_upgrade",
+]
+
+PROG = "gpunode-driver-loader"
+OWNER = "gpunode-driver-manager"  # owner of the operand pause record; field manager of our writes
+PAUSE_REASON = "driver-upgrade"  # labels read paused-for-driver-upgrade, as NVIDIA's
+RECORD_ANNOTATION = "nvidia.com/gpunode.driver-upgrade"
+DRIVER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.driver"
+PRE_INSTALLED = "pre-installed"
+UPGRADE_CONTROLLER_ANNOTATION = "nvidia.com/gpu-driver-upgrade-enabled"
+UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+DEFAULT_DRAIN_TIMEOUT = 300.0
+DEFAULT_OPERAND_TIMEOUT = 300.0
+
+_OURS = "app.kubernetes.io/name"
+# The operands NVIDIA's driver manager pauses (reference 1.9), with the pod labels of NVIDIA's DaemonSets
+# and of ours. Operands without known pod labels are still waited for: any pod whose nodeSelector names
+# the paused label counts.
+DRIVER_OPERAND_PODS: tuple[tuple[str, tuple[Mapping[str, str], ...]], ...] = (
+    ("operator-validator", ({"app": "nvidia-operator-validator"}, {_OURS: "gpunode-validator"})),
+    ("container-toolkit", ({"app": "nvidia-container-toolkit-daemonset"}, {_OURS: "gpunode-toolkit"})),
+    ("device-plugin", ({"app": "nvidia-device-plugin-daemonset"}, {_OURS: "gpunode-device-plugin"})),
+    ("gpu-feature-discovery", ({"app": "gpu-feature-discovery"}, {_OURS: "gpunode-feature-discovery"})),
+    ("dcgm-exporter", ({"app": "nvidia-dcgm-exporter"}, {_OURS: "gpunode-exporter"})),
+    ("dcgm", ({"app": "nvidia-dcgm"},)),
+    ("mig-manager", ({"app": "nvidia-mig-manager"}, {_OURS: "gpunode-mig-manager"})),
+    ("nvsm", ()),
+    ("sandbox-validator", ({"app": "nvidia-sandbox-validator"},)),
+    ("sandbox-device-plugin", ({"app": "nvidia-sandbox-device-plugin-daemonset"},)),
+    ("vgpu-device-manager", ({"app": "nvidia-vgpu-device-manager"},)),
+    ("client", ()),
+    ("dra-driver", ()),
+    ("dra-validator", ()),
+    ("dcgm-dra", ()),
+    ("dcgm-exporter-dra", ()),
+)
+
+
+# ============================================================================================ operands
+def driver_operands(extra_label: str = "") -> tuple[Operand, ...]:
+    """The operands paused for a driver upgrade, plus ``extra_label`` (``NODE_LABEL_FOR_GPU_POD_EVICTION``:
+    any node label key, paused and restored like a deploy label)."""
+    from gpunode.common.operands import DEPLOY_PREFIX, Operand
+
+    operands: list[Operand] = [Operand(name, tuple(pods)) for name, pods in DRIVER_OPERAND_PODS]
+    if extra_label and extra_label not in {o.label for o in operands}:
+        if extra_label.startswith(DEPLOY_PREFIX):
+            operands.append(Operand(extra_label[len(DEPLOY_PREFIX) :]))
+        else:
+            operands.append(_label_operand(extra_label))
+    return tuple(operands)
+
+
+@functools.cache
+def _label_operand_class() -> Any:
+    from gpunode.common.operands import Operand
+
+    @dataclass(frozen=True)
+    class LabelOperand(Operand):
+        """An operand whose node label is any key, not ``nvidia.com/gpu.deploy.<name>``."""
+
+        key: str = ""
+
+        @property
+        def label(self) -> str:
+            return self.key
+
+    return LabelOperand
+
+
+def _label_operand(key: str) -> Operand:
+    operand: Operand = _label_operand_class()(name=key, key=key)
+    return operand
+
+
+def __getattr__(name: str) -> Any:
+    # DRIVER_OPERANDS is built on first use: Operand lives beside the Kubernetes client, which the
+    # driver loader must not pay for unless an upgrade runs.
+    if name == "DRIVER_OPERANDS":
+        return driver_operands()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ============================================================================================ pure parts
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_PLAIN_NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``300``, ``2.5`` or a Go duration (``0s``, ``5m``, ``1h30m``, ``500ms``); not negative."""
+    raw = text.strip()
+    if _PLAIN_NUMBER.fullmatch(raw):
+        return float(raw)
+    body = raw[1:] if raw.startswith("+") else raw
+    total, pos = 0.0, 0
+    while body and pos < len(body):
+        match = _DURATION_PART.match(body, pos)
+        if match is None:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if not body or pos != len(body):
+        raise ValueError(
+            f"invalid duration {text!r}: give seconds (300) or a Go duration (5m, 1h30m, 0s); "
+            "negative durations are not allowed"
+        )
+    return total
+
+
+_LABEL_KEY = re.compile(
+    r"(?:[A-Za-z0-9](?:[-A-Za-z0-9.]{0,251}[A-Za-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+_SET_TERM = re.compile(r"^(\S+)\s+(in|notin)\s*\((.*)\)$")
+_COMPARE_TERM = re.compile(r"^([^=!\s]+)\s*(==|=|!=)\s*(\S*)$")
+
+SelectorOp = Literal["=", "!=", "in", "notin", "exists", "!exists"]
+
+
+@dataclass(frozen=True)
+class LabelSelector:
+    """A Kubernetes label selector (``DRAIN_POD_SELECTOR_LABEL``, kubectl drain's ``--pod-selector``):
+    ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``, ``!a``, comma-separated (AND).
+    The empty selector selects every pod."""
+
+    text: str = ""
+    terms: tuple[tuple[str, SelectorOp, frozenset[str]], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> LabelSelector:
+        """The selector, or ``ValueError`` naming the term that cannot be read."""
+        terms: list[tuple[str, SelectorOp, frozenset[str]]] = []
+        for term in _split_selector(text):
+            if not term:
+                raise ValueError(f"empty term in label selector {text!r}")
+            if match := _SET_TERM.match(term):
+                key, word, inner = match.groups()
+                values = frozenset(v.strip() for v in inner.split(","))
+                if not all(v and _LABEL_VALUE.fullmatch(v) for v in values):
+                    raise ValueError(f"invalid value list in label selector term {term!r}")
+                terms.append((_key(key, term), "in" if word == "in" else "notin", values))
+            elif match := _COMPARE_TERM.match(term):
+                key, op, value = match.groups()
+                if not _LABEL_VALUE.fullmatch(value):
+                    raise ValueError(f"invalid value {value!r} in label selector term {term!r}")
+                terms.append((_key(key, term), "!=" if op == "!=" else "=", frozenset({value})))
+            elif term.startswith("!"):
+                terms.append((_key(term[1:].strip(), term), "!exists", frozenset()))
+            else:
+                terms.append((_key(term, term), "exists", frozenset()))
+        return cls(text.strip(), tuple(terms))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        for key, op, values in self.terms:
+            value = labels.get(key)
+            ok = {
+                "=": value is not None and value in values,
+                "in": value is not None and value in values,
+                "!=": value is None or value not in values,
+                "notin": value is None or value not in values,
+                "exists": value is not None,
+                "!exists": value is None,
+            }[op]
+            if not ok:
+                return False
+        return True
+
+
+def _split_selector(text: str) -> list[str]:
+    if not text.strip():
+        return []
+    terms: list[str] = []
+    current, depth = "", 0
+    for ch in text:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            raise ValueError(f"unbalanced ')' in label selector {text!r}")
+        if ch == "," and depth == 0:
+            terms.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if depth:
+        raise ValueError(f"unbalanced '(' in label selector {text!r}")
+    return [*terms, current.strip()]
+
+
+def _key(key: str, term: str) -> str:
+    if not _LABEL_KEY.fullmatch(key):
+        raise ValueError(f"invalid label key {key!r} in label selector term {term!r}")
+    return key
+
+
+def is_gpu_pod(pod: PodInfo) -> bool:
+    """Whether a pod requests (or limits) ``nvidia.com/gpu*`` or ``nvidia.com/mig-*``, as NVIDIA's filter."""
+    return any(name.startswith(GPU_RESOURCE_PREFIXES) for name in pod.requests)
+
+
+PodAction = Literal["evict", "wait", "ignore", "block"]
+
+
+@dataclass(frozen=True)
+class PodDecision:
+    """What a drain does with one pod: evict it, wait for it (already terminating), leave it (ignore:
+    DaemonSet or static pod) or refuse to go on (block), and why."""
+
+    pod: PodInfo
+    action: PodAction
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.pod.key} ({self.why})"
+
+
+def decide_pod(pod: PodInfo, *, force: bool, delete_emptydir_data: bool) -> PodDecision:
+    """kubectl drain's rules for one pod (with ``--ignore-daemonsets``)."""
+    controller = next((o for o in pod.owners if o.controller), None)
+    if controller is not None and controller.kind == "DaemonSet":
+        return PodDecision(pod, "ignore", f"DaemonSet {controller.name}: its controller would put it back")
+    if controller is not None and controller.kind == "Node":
+        return PodDecision(pod, "ignore", "static pod: the kubelet runs it from a file, it cannot be evicted")
+    if pod.deleting:
+        return PodDecision(pod, "wait", "already terminating")
+    if pod.phase in ("Succeeded", "Failed"):
+        return PodDecision(pod, "evict", f"finished ({pod.phase})")
+    if controller is None and not force:
+        return PodDecision(
+            pod,
+            "block",
+            "not managed by a controller, so nothing recreates it: DRAIN_USE_FORCE=true evicts it",
+        )
+    volumes = pod.empty_dirs
+    if volumes and not delete_emptydir_data:
+        return PodDecision(
+            pod,
+            "block",
+            f"emptyDir volume(s) {', '.join(volumes)} would lose their data: "
+            "DRAIN_DELETE_EMPTYDIR_DATA=true evicts it",
+        )
+    if controller is None:
+        return PodDecision(pod, "evict", "not managed by a controller (DRAIN_USE_FORCE)")
+    return PodDecision(pod, "evict", f"{controller.kind} {controller.name}")
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    evict: tuple[PodInfo, ...] = ()
+    wait: tuple[PodInfo, ...] = ()
+    blocked: tuple[PodDecision, ...] = ()
+    ignored: tuple[PodDecision, ...] = ()
+
+    @property
+    def targets(self) -> tuple[PodInfo, ...]:
+        """The pods that must be gone for the drain to be done."""
+        return self.evict + self.wait
+
+
+def plan_drain(
+    pods: Iterable[PodInfo],
+    *,
+    select: Callable[[PodInfo], bool],
+    force: bool,
+    delete_emptydir_data: bool,
+) -> DrainPlan:
+    """Sort the selected pods by :func:`decide_pod`; pods not selected are not part of the plan."""
+    by: dict[PodAction, list[PodDecision]] = {"evict": [], "wait": [], "ignore": [], "block": []}
+    for pod in sorted(pods, key=lambda p: p.key):
+        if select(pod):
+            decision = decide_pod(pod, force=force, delete_emptydir_data=delete_emptydir_data)
+            by[decision.action].append(decision)
+    return DrainPlan(
+        evict=tuple(d.pod for d in by["evict"]),
+        wait=tuple(d.pod for d in by["wait"]),
+        blocked=tuple(by["block"]),
+        ignored=tuple(by["ignore"]),
+    )
+
+
+@dataclass(frozen=True)
+class UpgradeRecord:
+    """The node annotation ``nvidia.com/gpunode.driver-upgrade``: an upgrade in progress."""
+
+    cordoned: bool  # we cordoned the node (or are about to): uncordon it when finishing
+    started: str
+    step: str
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"cordoned": self.cordoned, "started": self.started, "step": self.step}, separators=(",", ":")
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> UpgradeRecord | None:
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or not isinstance(data.get("cordoned"), bool):
+                return None
+            return cls(data["cordoned"], str(data.get("started", "")), str(data.get("step", "")))
+        except ValueError:
+            return None
+
+
+# ============================================================================================ options
+@dataclass(frozen=True)
+class UpgradeOptions:
+    gpu_pod_eviction: bool = True  # ENABLE_GPU_POD_EVICTION
+    auto_drain: bool = False  # ENABLE_AUTO_DRAIN
+    drain_use_force: bool = False  # DRAIN_USE_FORCE
+    drain_pod_selector: str = ""  # DRAIN_POD_SELECTOR_LABEL
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # DRAIN_TIMEOUT_SECONDS; 0: no limit
+    drain_delete_emptydir_data: bool = False  # DRAIN_DELETE_EMPTYDIR_DATA
+    operator_namespace: str = "gpu-operator"  # OPERATOR_NAMESPACE
+    eviction_label: str = ""  # NODE_LABEL_FOR_GPU_POD_EVICTION
+    force_reinstall: bool = False  # FORCE_REINSTALL
+    operand_timeout: float = DEFAULT_OPERAND_TIMEOUT  # GPUNODE_OPERAND_TIMEOUT
+    poll: float = 1.0  # seconds between looks at the pods being waited for
+    evict_retry: float = 5.0  # seconds between evictions a disruption budget refused (as kubectl)
+    api_wait: float = 300.0  # how long the first contact waits for an unreachable API server
+    progress_interval: float = 10.0  # seconds between progress events while nothing changes
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> UpgradeOptions:
+        """From :func:`add_upgrade_flags`' values (by dest); :class:`UsageError` for a bad value."""
+        selector = str(values.get("drain_pod_selector_label") or "")
+        label = str(values.get("node_label_for_gpu_pod_eviction") or "")
+        try:
+            LabelSelector.parse(selector)
+            if label:
+                _label_key(label)
+            options = cls(
+                gpu_pod_eviction=_as_bool(values.get("enable_gpu_pod_eviction"), True),
+                auto_drain=_as_bool(values.get("enable_auto_drain"), False),
+                drain_use_force=_as_bool(values.get("drain_use_force"), False),
+                drain_pod_selector=selector,
+                drain_timeout=_as_seconds(values.get("drain_timeout_seconds"), DEFAULT_DRAIN_TIMEOUT),
+                drain_delete_emptydir_data=_as_bool(values.get("drain_delete_emptydir_data"), False),
+                operator_namespace=str(values.get("operator_namespace") or "gpu-operator"),
+                eviction_label=label,
+                force_reinstall=_as_bool(values.get("force_reinstall"), False),
+                operand_timeout=_as_seconds(values.get("operand_timeout"), DEFAULT_OPERAND_TIMEOUT),
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if options.operand_timeout <= 0:
+            raise UsageError("--operand-timeout (GPUNODE_OPERAND_TIMEOUT) must be more than 0 seconds")
+        return options
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "gpu_pod_eviction": self.gpu_pod_eviction,
+            "auto_drain": self.auto_drain,
+            "drain_use_force": self.drain_use_force,
+            "drain_pod_selector": self.drain_pod_selector,
+            "drain_timeout_s": self.drain_timeout or None,
+            "drain_delete_emptydir_data": self.drain_delete_emptydir_data,
+            "eviction_label": self.eviction_label or None,
+            "force_reinstall": self.force_reinstall,
+            "operand_timeout_s": self.operand_timeout,
+        }
+
+
+def _as_bool(value: Any, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return parse_bool(value)
+    return bool(value)
+
+
+def _as_seconds(value: Any, default: float) -> float:
+    if value is None or value == "":
+        return default
+    seconds = parse_duration(value) if isinstance(value, str) else float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"invalid duration {value!r}: must be 0 or more seconds")
+    return seconds
+
+
+def _label_key(text: str) -> str:
+    key = text.strip()
+    if not _LABEL_KEY.fullmatch(key):
+        raise ValueError(f"{text!r} is not a valid node label key (like example.com/gpu-workload)")
+    return key
+
+
+def _selector_text(text: str) -> str:
+    LabelSelector.parse(text)
+    return text.strip()
+
+
+def add_upgrade_flags(flags: FlagSet) -> None:
+    """The driver manager's settings, under NVIDIA's environment variables, and the Kubernetes flags.
+    (``--node-name`` / ``NODE_NAME`` comes from the common flags.)"""
+    flags.add(
+        "--enable-gpu-pod-eviction",
+        env="ENABLE_GPU_POD_EVICTION",
+        type=bool,
+        default=True,
+        help="before unloading a loaded driver, cordon the node and evict the pods requesting "
+        "nvidia.com/gpu* or nvidia.com/mig-* resources",
+    )
+    flags.add(
+        "--enable-auto-drain",
+        env="ENABLE_AUTO_DRAIN",
+        type=bool,
+        default=False,
+        help="drain the whole node when GPU pods do not leave in time or the driver is still in use "
+        "(as the GPU Operator sets it; NVIDIA's command-line default is true)",
+    )
+    flags.add(
+        "--drain-use-force",
+        env="DRAIN_USE_FORCE",
+        type=bool,
+        default=False,
+        help="also evict pods no controller manages (nothing recreates them); without it they stop "
+        "the upgrade",
+    )
+    flags.add(
+        "--drain-pod-selector-label",
+        env="DRAIN_POD_SELECTOR_LABEL",
+        type=_selector_text,
+        metavar="SELECTOR",
+        help="label selector limiting the whole-node drain (default: every pod but DaemonSet and "
+        "static pods)",
+    )
+    flags.add(
+        "--drain-timeout-seconds",
+        env="DRAIN_TIMEOUT_SECONDS",
+        type=parse_duration,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        metavar="DURATION",
+        help="how long evicted pods may take to leave: seconds or a Go duration (5m); 0 or 0s: no limit "
+        "(NVIDIA's default, 0s, waits forever)",
+    )
+    flags.add(
+        "--drain-delete-emptydir-data",
+        env="DRAIN_DELETE_EMPTYDIR_DATA",
+        type=bool,
+        default=False,
+        help="evict GPU pods with emptyDir volumes too (their data is lost); otherwise they block",
+    )
+    flags.add(
+        "--operator-namespace",
+        env="OPERATOR_NAMESPACE",
+        default="gpu-operator",
+        metavar="NS",
+        help="the GPU Operator's namespace (accepted; operand pods are waited for in every namespace)",
+    )
+    flags.add(
+        "--node-label-for-gpu-pod-eviction",
+        env="NODE_LABEL_FOR_GPU_POD_EVICTION",
+        type=_label_key,
+        metavar="KEY",
+        help="one more node label to pause like the operands' deploy labels, so that the pods selecting "
+        "it leave the node during the upgrade",
+    )
+    flags.add(
+        "--force-reinstall",
+        env="FORCE_REINSTALL",
+        type=bool,
+        default=False,
+        help="reload the driver even when the loaded one has the configuration we would load",
+    )
+    flags.add(
+        "--operand-timeout",
+        env="GPUNODE_OPERAND_TIMEOUT",
+        type=float,
+        default=DEFAULT_OPERAND_TIMEOUT,
+        metavar="SECONDS",
+        help="seconds for the operand pods to leave the node; then: failed, operands restored",
+    )
+    add_kube_flags(flags, namespace_help="namespace of the objects this agent writes (none at present)")
+
+
+# ============================================================================================ the flow
+class UpgradeFailed(Exception):
+    """The upgrade cannot go on; the message says why and what would let it."""
+
+    def __init__(self, message: str, step: str = "") -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class _PodsInTheWay(Exception):
+    def __init__(
+        self, blocked: Sequence[PodDecision] = (), left: Sequence[str] = (), waited: float = 0.0
+    ) -> None:
+        self.blocked = tuple(blocked)
+        self.left = tuple(left)
+        self.waited = waited
+        if self.blocked:
+            text = "; ".join(str(d) for d in self.blocked)
+            message = f"{len(self.blocked)} pod(s) may not be evicted: {text}"
+        else:
+            message = (
+                f"{len(self.left)} pod(s) still on the node after {waited:.0f} s: {', '.join(self.left)}"
+            )
+        super().__init__(message)
+
+
+Result = Literal["pre-installed", "loaded", "kept", "upgraded", "failed"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: ``pre-installed`` (host driver, labelled), ``loaded`` (none was loaded),
+    ``kept`` (the loaded driver matches), ``upgraded`` (unloaded and loaded again) or ``failed``."""
+
+    result: Result
+    reason: str = ""
+    step: str = ""
+    seconds: float = 0.0
+    evicted: tuple[str, ...] = ()
+    recovered: bool = False  # a previous run's leftovers were cleaned up first
+
+    @property
+    def ok(self) -> bool:
+        return self.result != "failed"
+
+
+class DriverUpgrade:
+    """One driver-manager run against this node; see the module docstring."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        ops: DriverOps,
+        options: UpgradeOptions | None = None,
+        *,
+        pauser: OperandPauser | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        from gpunode.common.operands import OperandPauser
+
+        self.kube = kube
+        self.ops = ops
+        self.options = options or UpgradeOptions()
+        self.operands = driver_operands(self.options.eviction_label)
+        self.pauser = pauser or OperandPauser(kube, OWNER, operands=self.operands, poll=self.options.poll)
+        self.selector = LabelSelector.parse(self.options.drain_pod_selector)
+        self.clock = clock
+        self.sleep = sleep
+        self.log = get_logger("gpunode.driver_loader.upgrade")
+        self.step = ""
+        self.evicted: list[str] = []
+        self._cordoned = False  # we cordoned the node: uncordon it at the end
+        self._started = ""
+        self._controller_owned = False
+
+    # -- the run ---------------------------------------------------------------------------------------
+    async def run(self) -> Outcome:
+        """Recover, decide, act; never raises but for cancellation (after cleaning up)."""
+        from gpunode.common.kube import KubeError
+
+        began = self.clock()
+        self._started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.log.info("driver_upgrade_started", node=self.kube.node_name, **self.options.summary())
+        recovered = False
+        try:
+            self._step("recover", "finishing what an interrupted run left")
+            recovered = await self._first_contact(self.recover)
+            self._step("host-driver", "looking for a driver installed on the host")
+            version = await self.ops.host_driver()
+            if version:
+                await self.kube.patch_node(labels={DRIVER_DEPLOY_LABEL: PRE_INSTALLED})
+                self._step(
+                    "host-driver",
+                    f"driver {version} is installed on the host: labelled {DRIVER_DEPLOY_LABEL}="
+                    f"{PRE_INSTALLED}, nothing else to do",
+                    version=version,
+                )
+                return self._finished("pre-installed", began, recovered)
+            if not await self.ops.loaded():
+                self._step("load", "no driver loaded: nothing to drain, loading")
+                await self.ops.load()
+                return self._finished("loaded", began, recovered)
+            if not self.options.force_reinstall and await self.ops.digest_matches():
+                self._step("keep", "the loaded driver has the configuration we would load: kept")
+                return self._finished("kept", began, recovered)
+            why = "FORCE_REINSTALL" if self.options.force_reinstall else "configuration changed"
+            await self._upgrade(why)
+            return self._finished("upgraded", began, recovered)
+        except asyncio.CancelledError:
+            self.log.warning(
+                "driver_upgrade_cancelled", step=self.step, seconds=round(self.clock() - began, 2)
+            )
+            raise
+        except UpgradeFailed as exc:
+            return self._failed(str(exc), exc.step or self.step, began, recovered)
+        except KubeError as exc:
+            return self._failed(str(exc), self.step, began, recovered)
+        except Exception as exc:  # the top of the task: report, never crash with a traceback only
+            from gpunode.common.operands import OperandsBusy, OperandsNotStopped
+
+            if isinstance(exc, OperandsNotStopped | OperandsBusy):
+                return self._failed(str(exc), self.step, began, recovered)
+            self.log.error("driver_upgrade_error", step=self.step, error=str(exc), exc_info=True)
+            return self._failed(f"{type(exc).__name__}: {exc}", self.step, began, recovered)
+
+    async def recover(self) -> bool:
+        """Finish a run that died halfway: operand labels back, our cordon lifted, record removed.
+        Whether there was anything to finish."""
+        restored = await self.pauser.recover()
+        node = await self.kube.get_node()
+        text = node.annotations.get(RECORD_ANNOTATION)
+        if text is None:
+            if restored:
+                self.log.warning("driver_upgrade_recovered", operands_restored=restored, uncordoned=False)
+            return bool(restored)
+        record = UpgradeRecord.from_json(text)
+        uncordoned = False
+        if record is not None and record.cordoned and node.unschedulable:
+            await self.kube.set_unschedulable(False)
+            uncordoned = True
+        await self.kube.patch_node(annotations={RECORD_ANNOTATION: None})
+        self.log.warning(
+            "driver_upgrade_recovered",
+            interrupted_step=record.step if record else None,
+            interrupted_started=record.started if record else None,
+            record=None if record else text[:200],
+            uncordoned=uncordoned,
+            operands_restored=restored,
+        )
+        return True
+
+    async def _first_contact(self, fn: Callable[[], Awaitable[bool]]) -> bool:
+        """The API server may still be coming up (a node boot): wait for it, within ``api_wait``."""
+        from gpunode.common.kube import KubeUnavailable
+
+        delay, deadline = 1.0, self.clock() + self.options.api_wait
+        while True:
+            try:
+                return await fn()
+            except KubeUnavailable as exc:
+                if self.clock() + delay > deadline:
+                    raise
+                self.log.warning("kube_unavailable", error=str(exc), retry_in_s=delay)
+                await self.sleep(delay)
+                delay = min(30.0, delay * 2)
+
+    async def _upgrade(self, why: str) -> None:
+        node = await self.kube.get_node()
+        evict, auto_drain = self.options.gpu_pod_eviction, self.options.auto_drain
+        if node.annotations.get(UPGRADE_CONTROLLER_ANNOTATION) == "true":
+            self._controller_owned = True
+            evict = auto_drain = False
+            self._step(
+                "pause-operands",
+                f"the GPU Operator's upgrade controller owns eviction and draining on this node "
+                f"({UPGRADE_CONTROLLER_ANNOTATION}=true): ours are off",
+            )
+        await self._write_record("pause-operands")
+        try:
+            self._step("pause-operands", f"driver loaded, {why}: pausing the GPU operands")
+            async with self.pauser.paused(PAUSE_REASON, timeout=self.options.operand_timeout) as state:
+                self._step(
+                    "pause-operands",
+                    "operand pods have left the node",
+                    paused=sorted(state.paused),
+                    waited_s=round(state.waited_s, 2),
+                )
+                if evict:
+                    await self._cordon()
+                    await self._clear_gpu_pods(auto_drain)
+                await self._unload(auto_drain)
+                await self._write_record("load")
+                self._step("load", "loading the driver")
+                await self.ops.load()
+                self._step("restore", "driver loaded: restoring the operands")
+        finally:
+            await _run_to_end(self._cleanup())
+
+    # -- cordon and the record -------------------------------------------------------------------------
+    async def _write_record(
+        self, step: str, *, resource_version: str | None = None, cordon: bool | None = None
+    ) -> None:
+        record = UpgradeRecord(cordoned=self._cordoned, started=self._started, step=step)
+        await self.kube.patch_node(
+            annotations={RECORD_ANNOTATION: record.to_json()},
+            resource_version=resource_version,
+            unschedulable=cordon,
+        )
+
+    async def _cordon(self) -> None:
+        from gpunode.common.kube import KubeConflict
+
+        if self._cordoned:
+            return
+        for _ in range(5):
+            node = await self.kube.get_node()
+            if node.unschedulable:
+                self._step("cordon", "the node was already cordoned: it stays cordoned afterwards")
+                return
+            self._cordoned = True  # the record and the cordon in one patch, refused if the node changed
+            try:
+                await self._write_record("cordon", resource_version=node.resource_version, cordon=True)
+            except KubeConflict:
+                self._cordoned = False
+                continue
+            except BaseException:
+                self._cordoned = False
+                raise
+            self._step("cordon", "node cordoned")
+            return
+        raise UpgradeFailed("the node kept changing while we tried to cordon it", step="cordon")
+
+    async def _cleanup(self) -> None:
+        """Uncordon (if we cordoned) and remove the record; retried through API hiccups. A failure
+        leaves the record for the next start to finish."""
+        if self._cordoned:
+            if not await self._retrying("uncordon", lambda: self.kube.set_unschedulable(False)):
+                return
+            self._cordoned = False
+            self.log.info("driver_upgrade_step", step="uncordon", detail="node uncordoned")
+        await self._retrying(
+            "remove-record", lambda: self.kube.patch_node(annotations={RECORD_ANNOTATION: None})
+        )
+
+    async def _retrying(self, what: str, fn: Callable[[], Awaitable[Any]], attempts: int = 6) -> bool:
+        for attempt in range(1, attempts + 1):
+            try:
+                await fn()
+                return True
+            except Exception as exc:
+                if attempt == attempts:
+                    self.log.error(
+                        "driver_upgrade_cleanup_failed",
+                        action=what,
+                        error=str(exc),
+                        then=f"the {RECORD_ANNOTATION} annotation stays; the next start finishes it",
+                    )
+                    return False
+                await self.sleep(min(5.0, 0.5 * attempt))
+        return False
+
+    # -- pods --------------------------------------------------------------------------------------------
+    async def _clear_gpu_pods(self, auto_drain: bool) -> None:
+        await self._write_record("evict-gpu-pods")
+        self._step("evict-gpu-pods", "evicting the pods that use GPUs")
+        try:
+            await self._drain("evict-gpu-pods", "GPU", is_gpu_pod)
+            return
+        except _PodsInTheWay as exc:
+            if exc.blocked:
+                hint = (
+                    "; the node drain (ENABLE_AUTO_DRAIN) follows the same rules, so it was not tried"
+                    if auto_drain
+                    else ""
+                )
+                raise UpgradeFailed(
+                    f"cannot evict the GPU pods: {exc}{hint}", step="evict-gpu-pods"
+                ) from None
+            if not auto_drain:
+                raise UpgradeFailed(
+                    f"GPU pods did not leave: {exc}; ENABLE_AUTO_DRAIN=true drains the node instead",
+                    step="evict-gpu-pods",
+                ) from None
+            self._step("drain-node", f"GPU pods did not leave ({exc}): draining the node (ENABLE_AUTO_DRAIN)")
+        await self._drain_node()
+        pods = await self.kube.list_pods()
+        left = plan_drain(
+            pods, select=is_gpu_pod, force=True, delete_emptydir_data=True
+        ).targets  # any GPU pod a drain could have removed
+        if left:
+            raise UpgradeFailed(
+                "GPU pods still on the node after draining it: "
+                + ", ".join(p.key for p in left)
+                + (f" (DRAIN_POD_SELECTOR_LABEL={self.selector.text!r})" if self.selector.terms else ""),
+                step="drain-node",
+            )
+
+    async def _drain_node(self) -> None:
+        await self._cordon()
+        await self._write_record("drain-node")
+        self._step("drain-node", "draining the node", selector=self.selector.text or None)
+        try:
+            await self._drain("drain-node", "node", lambda pod: self.selector.matches(pod.labels))
+        except _PodsInTheWay as exc:
+            raise UpgradeFailed(f"cannot drain the node: {exc}", step="drain-node") from None
+
+    async def _drain(self, step: str, what: str, select: Callable[[PodInfo], bool]) -> None:
+        """Evict the selected pods and wait until they are gone; :class:`_PodsInTheWay` when some may
+        not be evicted (nothing evicted then) or outlive the drain timeout."""
+        from gpunode.common.kube import KubeError, KubeForbidden, KubeUnavailable
+
+        pods = await self.kube.list_pods()
+        plan = plan_drain(
+            pods,
+            select=select,
+            force=self.options.drain_use_force,
+            delete_emptydir_data=self.options.drain_delete_emptydir_data,
+        )
+        if plan.ignored and what == "GPU":
+            self.log.warning(
+                "driver_upgrade_pods_not_evicted",
+                pods=[str(d) for d in plan.ignored],
+                hint="if they hold the GPUs the unload fails; NODE_LABEL_FOR_GPU_POD_EVICTION can pause "
+                "the label their DaemonSet selects",
+            )
+        if plan.blocked:
+            raise _PodsInTheWay(blocked=plan.blocked)
+        targets = {p.uid: p for p in plan.targets}
+        if not targets:
+            self._step(step, f"no {what} pods to evict")
+            return
+        timeout = self.options.drain_timeout
+        started = self.clock()
+        deadline = started + timeout if timeout > 0 else math.inf
+        pending = {p.uid: p for p in plan.evict}  # eviction not accepted yet
+        refused: dict[str, str] = {}
+        next_try = started
+        last_seen: tuple[str, ...] = ()
+        last_log = started
+        while True:
+            if pending and self.clock() >= next_try:
+                for uid, pod in list(pending.items()):
+                    try:
+                        accepted = await self.kube.evict_pod(pod.namespace, pod.name)
+                    except KubeForbidden as exc:
+                        raise UpgradeFailed(f"cannot evict {pod.key}: {exc}", step=step) from None
+                    except KubeUnavailable as exc:
+                        refused[uid] = f"API server unavailable: {exc.message}"
+                        continue
+                    except KubeError as exc:
+                        if exc.status != 429:
+                            raise UpgradeFailed(f"evicting {pod.key} failed: {exc}", step=step) from None
+                        refused[uid] = "eviction refused by a PodDisruptionBudget, retrying"
+                        continue
+                    del pending[uid]
+                    refused.pop(uid, None)
+                    if accepted:
+                        self.evicted.append(pod.key)
+                        self.log.info("driver_upgrade_pod_evicted", pod=pod.key, uid=pod.uid)
+                next_try = self.clock() + self.options.evict_retry
+            present = {p.uid: p for p in await self.kube.list_pods()}
+            left = {uid: pod for uid, pod in targets.items() if uid in present}
+            pending = {uid: pod for uid, pod in pending.items() if uid in present}
+            now = self.clock()
+            waited = now - started
+            if not left:
+                self._step(
+                    step,
+                    f"{len(targets)} {what} pod(s) gone",
+                    pods=sorted(p.key for p in targets.values()),
+                    waited_s=round(waited, 2),
+                )
+                return
+            names = tuple(sorted(pod.key for pod in left.values()))
+            if names != last_seen or now - last_log >= self.options.progress_interval:
+                self.log.info(
+                    "driver_upgrade_evicting",
+                    what=what,
+                    pods_left=len(names),
+                    pods=list(names[:20]),
+                    refused={targets[u].key: why for u, why in refused.items() if u in left},
+                    waited_s=round(waited, 1),
+                    timeout_s=timeout or None,
+                )
+                last_seen, last_log = names, now
+            if now >= deadline:
+                described = [
+                    f"{pod.key} ({refused.get(uid) or ('not evicted' if uid in pending else 'terminating')})"
+                    for uid, pod in sorted(left.items(), key=lambda item: item[1].key)
+                ]
+                raise _PodsInTheWay(left=described, waited=waited)
+            await self.sleep(max(0.0, min(self.options.poll, deadline - now)))
+
+    # -- the driver ------------------------------------------------------------------------------------
+    async def _unload(self, auto_drain: bool) -> None:
+        await self._write_record("unload")
+        self._step("unload", "unloading the driver")
+        try:
+            await self.ops.unload()
+            return
+        except DriverInUse as exc:
+            if not auto_drain:
+                raise UpgradeFailed(await self._in_use(exc), step="unload") from None
+            users = "; ".join(str(u) for u in exc.users) or "unknown users"
+            self._step("drain-node", f"driver in use ({users}): draining the node, then unloading once more")
+        await self._drain_node()
+        await self._write_record("unload")
+        self._step("unload", "unloading the driver again")
+        try:
+            await self.ops.unload()
+        except DriverInUse as exc:
+            raise UpgradeFailed(
+                await self._in_use(exc) + " (even after draining the node)", step="unload"
+            ) from None
+
+    async def _in_use(self, exc: DriverInUse) -> str:
+        """The in-use error, with the GPU pods still here and what would let the upgrade through."""
+        parts = [str(exc)]
+        try:
+            pods = [p for p in await self.kube.list_pods() if is_gpu_pod(p)]
+        except Exception:
+            pods = []
+        if pods:
+            force, emptydir = self.options.drain_use_force, self.options.drain_delete_emptydir_data
+            parts.append(
+                "GPU pods on this node: "
+                + ", ".join(str(decide_pod(p, force=force, delete_emptydir_data=emptydir)) for p in pods)
+            )
+        if self._controller_owned:
+            parts.append(
+                "the GPU Operator's upgrade controller owns eviction here: let it drain the node (label "
+                f"it {UPGRADE_STATE_LABEL}=upgrade-required), stop the GPU workloads, or disable the "
+                "upgrade policy"
+            )
+        elif not self.options.auto_drain:
+            first = (
+                "" if self.options.gpu_pod_eviction else "ENABLE_GPU_POD_EVICTION=true evicts the GPU pods, "
+            )
+            parts.append(f"stop the GPU workloads; {first}ENABLE_AUTO_DRAIN=true drains the node")
+        return "; ".join(parts)
+
+    # -- reporting -------------------------------------------------------------------------------------
+    def _step(self, step: str, detail: str, **fields: Any) -> None:
+        self.step = step
+        self.log.info("driver_upgrade_step", step=step, detail=detail, **fields)
+
+    def _finished(self, result: Result, began: float, recovered: bool) -> Outcome:
+        seconds = self.clock() - began
+        self.log.info(
+            "driver_upgrade_finished",
+            result=result,
+            seconds=round(seconds, 2),
+            evicted=list(self.evicted),
+            recovered=recovered,
+        )
+        return Outcome(result, "", self.step, seconds, tuple(self.evicted), recovered)
+
+    def _failed(self, reason: str, step: str, began: float, recovered: bool) -> Outcome:
+        seconds = self.clock() - began
+        self.log.error(
+            "driver_upgrade_failed",
+            reason=reason,
+            step=step,
+            seconds=round(seconds, 2),
+            evicted=list(self.evicted),
+        )
+        return Outcome("failed", reason, step, seconds, tuple(self.evicted), recovered)
+
+
+async def _run_to_end(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run ``cleanup`` to its end even when cancelled meanwhile (a second cancellation included), then
+    pass the cancellation on."""
+    task = asyncio.ensure_future(cleanup)
+    interrupted = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            interrupted = True
+    if interrupted:
+        raise asyncio.CancelledError
+    task.result()
+
+
+# ============================================================================================ entry point
+async def run_upgrade(values: Mapping[str, Any], ops: DriverOps) -> int:
+    """One driver-manager run with the settings of :func:`add_upgrade_flags` (and ``node_name``):
+    0 done (or nothing to do), 1 failed (the reason on stderr and in the logs), 2 usage error."""
+    try:
+        options = UpgradeOptions.from_values(values)
+        from gpunode.common.kube import Kube
+
+        kube = Kube.connect(
+            values.get("node_name"),
+            values.get("kubeconfig"),
+            namespace=options.operator_namespace,
+            timeout=float(values.get("kube_api_timeout") or 10.0),
+            field_manager=OWNER,
+        )
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        outcome = await DriverUpgrade(kube, ops, options).run()
+    finally:
+        await kube.aclose()
+    if not outcome.ok:
+        print(f"{PROG}: driver upgrade failed at step {outcome.step}: {outcome.reason}", file=sys.stderr)
+        return 1
+    return 0
