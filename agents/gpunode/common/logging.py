@@ -16,6 +16,12 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any, Literal, TextIO
 
+# structlog imports rich at import time when it is installed (a development tool pulls it in), which
+# costs every agent about 90 ms of start-up and several MB; we never use it (tracebacks are rendered
+# plainly: rich's show local variables, which may hold secrets). Keep it out unless already loaded.
+if "rich" not in sys.modules:
+    sys.modules["rich"] = None  # type: ignore[assignment]
+
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
