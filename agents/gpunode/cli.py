@@ -1,4 +1,4 @@
-"""`gpunode`: the umbrella command (sim, demo, test-apiserver, fake-host, version)."""
+"""`gpunode`: the umbrella command (sim, demo, doctor, test-apiserver, fake-host, version)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from gpunode import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    if raw and raw[0] == "doctor":  # its own flags (FlagSet with env vars): hand everything over
+        from gpunode.validator.doctor import main as doctor
+
+        return doctor(raw[1:])
     from gpunode.nvml.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(
@@ -19,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="walk through the simulated dgx-a100 node")
     demo.add_argument("--preset", default="dgx-a100")
     sub.add_parser("version", help="print the version")
+    sub.add_parser("doctor", help="check this node end to end and say what to fix (gpunode doctor --help)")
     from gpunode.testing import apiserver_cli, fake_host_cli
 
     apiserver_cli.add_parser(sub)

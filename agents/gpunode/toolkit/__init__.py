@@ -1,0 +1,1 @@
+"""The container toolkit: CDI specs and container runtime configuration."""

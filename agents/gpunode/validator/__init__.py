@@ -1,0 +1,1 @@
+"""Readiness validation (gpunode-validator) and the node doctor (gpunode doctor)."""
