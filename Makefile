@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit bench clean
+.PHONY: demo test lint unit bench clean install-systemd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,3 +37,16 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Bare-metal units (docs/systemd.md): units to $(DESTDIR)$(SYSCONFDIR)/systemd/system, env examples to
+# $(DESTDIR)$(SYSCONFDIR)/default/<unit> unless one is there already. Never runs systemctl.
+SYSCONFDIR ?= $(PREFIX)/etc
+PREFIX     ?=
+install-systemd:
+	install -d $(DESTDIR)$(SYSCONFDIR)/systemd/system $(DESTDIR)$(SYSCONFDIR)/default
+	install -m 0644 systemd/*.service $(DESTDIR)$(SYSCONFDIR)/systemd/system/
+	@for f in systemd/env/*.env; do \
+		dest=$(DESTDIR)$(SYSCONFDIR)/default/$$(basename $$f .env); \
+		if [ -e $$dest ]; then echo "kept $$dest"; else install -m 0644 $$f $$dest; fi; \
+	done
+	@echo "now: systemctl daemon-reload && systemctl enable --now gpunode-driver-loader gpunode-mig-manager gpunode-device-plugin gpunode-feature-discovery gpunode-exporter"

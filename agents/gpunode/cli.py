@@ -1,4 +1,4 @@
-"""`gpunode`: the umbrella command (sim, demo, doctor, test-apiserver, fake-host, version)."""
+"""`gpunode`: the umbrella command (sim, demo, doctor, render, dev, test-apiserver, fake-host, version)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpunode.validator.doctor import main as doctor
 
         return doctor(raw[1:])
+    if raw and raw[0] == "render":  # the ClusterPolicy renderer has its own flags too
+        from gpunode.deploy.render_cli import main as render
+
+        return render(raw[1:])
     from gpunode.nvml.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(
@@ -25,11 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--preset", default="dgx-a100")
     sub.add_parser("version", help="print the version")
     sub.add_parser("doctor", help="check this node end to end and say what to fix (gpunode doctor --help)")
-    from gpunode.testing import apiserver_cli, fake_host_cli
+    sub.add_parser("render", help="Kubernetes manifests from a ClusterPolicy (gpunode render --help)")
+    from gpunode.testing import apiserver_cli, fake_host_cli, kubelet_cli
 
     apiserver_cli.add_parser(sub)
     fake_host_cli.add_parser(sub)
+    kubelet_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "dev":
+        return kubelet_cli.run(args)
     if args.command == "test-apiserver":
         return apiserver_cli.run(args)
     if args.command == "fake-host":

@@ -1,0 +1,1 @@
+"""Deployment: a ClusterPolicy (``policy``) rendered to Kubernetes manifests (``render``, ``render_cli``)."""

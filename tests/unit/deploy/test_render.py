@@ -1,0 +1,332 @@
+"""gpunode render: goldens, Kubernetes schema validation, GPU Operator conventions, policy errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpunode.deploy.policy import load_policy, parse_policy_text
+from gpunode.deploy.render import AGENTS, dump_yaml, render, render_by_agent
+from gpunode.deploy.render_cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+POLICIES = ROOT / "containers" / "policies"
+GOLDEN = ROOT / "tests" / "golden" / "render"
+KUBE_DIR = ROOT / "containers" / "kubernetes"
+SEEDS = sorted(p.stem for p in POLICIES.glob("*.yaml"))
+K8S_VERSION = "1.33"
+UPDATE = os.environ.get("GPUNODE_UPDATE_GOLDEN") == "1"
+
+# The README's RBAC table ("Kubernetes"): agent -> kind -> [(group, resource, verbs)].
+RBAC = {
+    "gpunode-device-plugin": {"ClusterRole": [("", "nodes", ["get", "watch", "patch"])]},
+    "gpunode-feature-discovery": {
+        "ClusterRole": [("", "nodes", ["get", "watch"])],
+        "Role": [("nfd.k8s-sigs.io", "nodefeatures", ["get", "create", "update"]), ("", "pods", ["get"])],
+    },
+    "gpunode-mig-manager": {
+        "ClusterRole": [("", "nodes", ["get", "watch", "patch"]), ("", "pods", ["list"])]
+    },
+    "gpunode-driver-loader": {
+        "ClusterRole": [
+            ("", "nodes", ["get", "watch", "patch"]),
+            ("", "pods", ["list"]),
+            ("", "pods/eviction", ["create"]),
+        ]
+    },
+}
+
+
+def _rendered(name: str) -> list[dict[str, Any]]:
+    return render(load_policy(POLICIES / f"{name}.yaml", strict=True).policy)
+
+
+def _daemonsets(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == "DaemonSet"]
+
+
+def test_seed_policies_present() -> None:
+    assert {"default", "preinstalled-driver", "mig-mixed-timeslicing", "exporter-servicemonitor"} <= set(
+        SEEDS
+    )
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_golden(name: str) -> None:
+    text = dump_yaml(_rendered(name))
+    path = GOLDEN / f"{name}.yaml"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.read_text(encoding="utf-8") == text, "GPUNODE_UPDATE_GOLDEN=1 rewrites the golden"
+
+
+def test_containers_kubernetes_is_the_default_render() -> None:
+    by_agent = render_by_agent(load_policy(POLICIES / "default.yaml").policy)
+    if UPDATE:
+        for key, objs in by_agent.items():
+            (KUBE_DIR / f"{key}.yaml").write_text(dump_yaml(objs), encoding="utf-8")
+    assert sorted(p.stem for p in KUBE_DIR.glob("*.yaml")) == sorted(by_agent)
+    for key, objs in by_agent.items():
+        assert (KUBE_DIR / f"{key}.yaml").read_text(encoding="utf-8") == dump_yaml(objs), key
+
+
+def test_output_is_deterministic() -> None:
+    assert dump_yaml(_rendered("default")) == dump_yaml(_rendered("default"))
+
+
+def _validate_service_monitor(obj: dict[str, Any]) -> None:
+    # A CRD: not in the bundled Kubernetes schemas; check the fields we use by hand.
+    assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(obj["spec"]) == {"selector", "namespaceSelector", "endpoints"}
+    for ep in obj["spec"]["endpoints"]:
+        assert set(ep) <= {"port", "path", "interval", "honorLabels"}
+        assert isinstance(ep["honorLabels"], bool)
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_every_object_validates_against_kubernetes_schema(name: str) -> None:
+    for obj in _rendered(name):
+        if obj["kind"] == "ServiceMonitor":
+            _validate_service_monitor(obj)
+            continue
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_schema_validation_catches_a_typo() -> None:
+    ds = _daemonsets(_rendered("default"))[0]
+    ds["spec"]["template"]["spec"]["priorityClass"] = "x"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_daemonset_conventions(name: str) -> None:
+    objs = _rendered(name)
+    for ds in _daemonsets(objs):
+        agent = next(a for a in AGENTS if a.name == ds["metadata"]["name"])
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["priorityClassName"] == "system-node-critical"
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        assert pod["nodeSelector"] == {
+            "feature.node.kubernetes.io/pci-10de.present": "true",
+            f"nvidia.com/gpu.deploy.{agent.operand}": "true",
+        }
+        assert pod["serviceAccountName"] == agent.name
+        strategy = ds["spec"]["updateStrategy"]["type"]
+        assert strategy == ("OnDelete" if agent.key == "driver" else "RollingUpdate")
+        main_c = pod["containers"][0]
+        assert main_c["image"] == objs_image(objs)
+        if agent.port is not None:
+            assert main_c["livenessProbe"]["httpGet"]["path"] in ("/healthz", "/health")
+            assert main_c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            port_names = {p["name"]: p["containerPort"] for p in main_c["ports"]}
+            assert port_names[main_c["readinessProbe"]["httpGet"]["port"]] == agent.port
+        env = {e["name"]: e for e in main_c["env"]}
+        assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c["securityContext"]
+            if agent.key in ("driver", "mig-manager") and not c["name"].startswith("wait-for"):
+                assert sc["privileged"] is True
+                continue
+            assert not sc.get("privileged", False), (agent.name, c["name"])
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["readOnlyRootFilesystem"] is True
+        if agent.key in ("exporter", "feature-discovery"):
+            assert main_c["securityContext"]["runAsNonRoot"] is True
+
+
+def objs_image(objs: list[dict[str, Any]]) -> str:
+    images = {
+        c["image"]
+        for ds in _daemonsets(objs)
+        for c in ds["spec"]["template"]["spec"]["containers"]
+        + ds["spec"]["template"]["spec"]["initContainers"]
+    }
+    assert len(images) == 1, images
+    return images.pop()
+
+
+def test_init_containers_follow_nvidia_order() -> None:
+    by_name = {
+        ds["metadata"]["name"]: ds["spec"]["template"]["spec"] for ds in _daemonsets(_rendered("default"))
+    }
+    toolkit_inits = [c["command"] for c in by_name["gpunode-toolkit"]["initContainers"]]
+    assert toolkit_inits[0] == ["gpunode-validator", "--wait-for", "driver", "--timeout", "0"]
+    assert toolkit_inits[-1] == ["gpunode-validator", "--component", "toolkit"]
+    for name in (
+        "gpunode-device-plugin",
+        "gpunode-feature-discovery",
+        "gpunode-exporter",
+        "gpunode-mig-manager",
+    ):
+        assert by_name[name]["initContainers"][0]["command"][:3] == [
+            "gpunode-validator",
+            "--wait-for",
+            "toolkit",
+        ]
+    assert by_name["gpunode-feature-discovery"]["containers"][0]["command"] == [
+        "gpunode-feature-discovery",
+        "--use-node-feature-api",
+    ]
+    assert by_name["gpunode-toolkit"]["containers"][0]["command"][-1] == "--watch"
+
+
+def test_preinstalled_driver_validates_the_host_driver() -> None:
+    objs = _rendered("preinstalled-driver")
+    names = {ds["metadata"]["name"] for ds in _daemonsets(objs)}
+    assert "gpunode-driver-loader" not in names
+    toolkit = next(ds for ds in _daemonsets(objs) if ds["metadata"]["name"] == "gpunode-toolkit")
+    first = toolkit["spec"]["template"]["spec"]["initContainers"][0]
+    assert first["command"] == ["gpunode-validator", "--component", "driver"]
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_rbac_exactly_as_documented(name: str) -> None:
+    objs = _rendered(name)
+    policy = load_policy(POLICIES / f"{name}.yaml").policy
+    found: dict[str, dict[str, list[tuple[str, str, list[str]]]]] = {}
+    for o in objs:
+        if o["kind"] in ("ClusterRole", "Role"):
+            rules = [
+                (g, r, rule["verbs"])
+                for rule in o["rules"]
+                for g in rule["apiGroups"]
+                for r in rule["resources"]
+            ]
+            found.setdefault(o["metadata"]["name"], {})[o["kind"]] = rules
+    expected = {k: dict(v) for k, v in RBAC.items()}
+    if not policy.spec.device_plugin.config.name:
+        expected.pop("gpunode-device-plugin")
+        expected["gpunode-feature-discovery"].pop("ClusterRole")
+    if not policy.spec.driver.enabled:
+        expected.pop("gpunode-driver-loader")
+    assert found == expected
+    for o in objs:
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            assert o["roleRef"]["name"] == o["metadata"]["name"]
+            assert o["subjects"][0]["name"] == o["metadata"]["name"]
+        if o["kind"] == "ServiceAccount" and o["metadata"]["name"] not in found:
+            assert o["automountServiceAccountToken"] is False
+
+
+def test_exporter_service_and_servicemonitor() -> None:
+    default = {o["kind"] for o in _rendered("default") if o["metadata"]["name"] == "gpunode-exporter"}
+    assert "Service" in default
+    assert "ServiceMonitor" not in default
+    objs = _rendered("exporter-servicemonitor")
+    svc = next(o for o in objs if o["kind"] == "Service")
+    assert svc["spec"]["ports"][0]["port"] == 9400
+    sm = next(o for o in objs if o["kind"] == "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["interval"] == "15s"
+    assert sm["metadata"]["labels"]["release"] == "prometheus"
+
+
+def test_mig_mixed_and_time_slicing_config() -> None:
+    objs = _rendered("mig-mixed-timeslicing")
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "time-slicing-config")
+    assert "replicas: 4" in cm["data"]["sliced"]
+    dp = next(ds for ds in _daemonsets(objs) if ds["metadata"]["name"] == "gpunode-device-plugin")
+    env = {e["name"]: e.get("value") for e in dp["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MIG_STRATEGY"] == "mixed"
+    assert env["CONFIG_FILE"] == "/available-configs"
+    assert env["DEFAULT_CONFIG"] == "default"
+
+
+def test_mig_layouts_configmap_is_the_shipped_default() -> None:
+    cm = next(o for o in _rendered("default") if o["kind"] == "ConfigMap")
+    spec = yaml.safe_load(cm["data"]["config.yaml"])
+    assert "all-balanced" in spec["mig-configs"]
+    assert "all-disabled" in spec["mig-configs"]
+
+
+BASE = "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\n"
+
+
+def test_unknown_and_unsupported_fields_warn() -> None:
+    text = (
+        BASE
+        + "spec:\n  nodeStatusExporter: {enabled: true}\n  driver:\n    repository: x\n    frobnicate: 1\n"
+    )
+    loaded = parse_policy_text(text, "p.yaml")
+    assert loaded.warnings == (
+        "spec.nodeStatusExporter: not supported by gpunode (ignored)",
+        "spec.driver.repository: not supported by gpunode (ignored)",
+        "spec.driver.frobnicate: unknown field (ignored)",
+    )
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_cli_warns_and_strict_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, BASE + "spec:\n  gfd:\n    bogus: 1\n")
+    assert main(["--policy", str(path)]) == 0
+    out = capsys.readouterr()
+    assert "warning" in out.err
+    assert "spec.gfd.bogus: unknown field" in out.err
+    assert "kind: DaemonSet" in out.out
+    assert main(["--policy", str(path), "--strict"]) == 2
+    assert "spec.gfd.bogus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ("spec:\n  mig:\n    strategy: weird\n", "spec.mig.strategy: must be one of none, single, mixed"),
+        ("spec:\n  driver:\n    enabled: 'yes'\n", "spec.driver.enabled: must be a boolean"),
+        (
+            "spec:\n  daemonsets:\n    tolerations:\n    - operator: Sometimes\n",
+            "spec.daemonsets.tolerations[0].operator",
+        ),
+        (
+            "spec:\n  devicePlugin:\n    env:\n    - value: x\n",
+            "spec.devicePlugin.env[0].name: required key is missing",
+        ),
+        ("spec: [\n", "YAML syntax error"),
+    ],
+)
+def test_malformed_policy_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, where: str
+) -> None:
+    path = _write(tmp_path, BASE + body)
+    assert main(["--policy", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err
+    assert where in err
+
+
+def test_wrong_kind_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, "apiVersion: v1\nkind: ConfigMap\n")
+    assert main(["--policy", str(path)]) == 2
+    assert "apiVersion" in capsys.readouterr().err
+
+
+def test_images(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--policy", str(POLICIES / "default.yaml"), "--images"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("ghcr.io/gpunode/gpunode:")
+    assert main(["--policy", str(POLICIES / "default.yaml"), "--images", "--image", "reg.local/g:1"]) == 0
+    assert capsys.readouterr().out == "reg.local/g:1\n"
+
+
+def test_namespace_and_image_flags(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    rc = main(
+        ["--policy", str(POLICIES / "default.yaml"), "--namespace", "gpu", "--image", "r/g:2", "-o", str(out)]
+    )
+    assert rc == 0
+    docs = [d for f in sorted(out.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    assert all(d["metadata"].get("namespace", "gpu") == "gpu" for d in docs)
+    assert objs_image(docs) == "r/g:2"
+    assert main(["--policy", str(POLICIES / "default.yaml"), "--namespace", "Bad_NS"]) == 2
