@@ -62,6 +62,12 @@ class ConfigModel(BaseModel):
 def load_config(path: str | os.PathLike[str], model: type[M]) -> M:
     """Read and validate the YAML file at ``path``; raise :class:`ConfigError` listing every problem."""
     name = os.fspath(path)
+    return parse_config_text(read_config_text(name), name, model)
+
+
+def read_config_text(path: str | os.PathLike[str]) -> str:
+    """A config file's text; :class:`ConfigError` naming the file when it cannot be read as UTF-8."""
+    name = os.fspath(path)
     try:
         with open(name, "rb") as fh:
             raw = fh.read()
@@ -75,12 +81,12 @@ def load_config(path: str | os.PathLike[str], model: type[M]) -> M:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(name, [f"not valid UTF-8 (byte offset {exc.start})"]) from None
-    return parse_config_text(text, name, model)
+    return text
 
 
 def parse_config_text(text: str, source_name: str, model: type[M]) -> M:
     """Validate YAML ``text`` (named ``source_name`` in errors) as ``model``; used for reloads too."""
-    data = _parse_yaml(text, source_name)
+    data = parse_yaml(text, source_name)
     if data is None:  # an empty document: let the model report its required keys
         data = {}
     if not isinstance(data, dict):
@@ -88,7 +94,7 @@ def parse_config_text(text: str, source_name: str, model: type[M]) -> M:
             source_name, [f"top level must be a mapping of keys to values, not {_type_name(data)}"]
         )
     try:
-        payload = json.dumps(data, default=_json_default, allow_nan=False)
+        payload = json.dumps(data, default=json_default, allow_nan=False)
     except ValueError:
         raise ConfigError(source_name, ["values must be finite numbers (no .inf or .nan)"]) from None
     try:
@@ -127,7 +133,7 @@ _StrictSafeLoader.add_constructor(
 )
 
 
-def _parse_yaml(text: str, source_name: str) -> object:
+def parse_yaml(text: str, source_name: str) -> object:
     try:
         return yaml.load(text, Loader=_StrictSafeLoader)  # a SafeLoader subclass: safe
     except yaml.MarkedYAMLError as exc:
@@ -142,7 +148,7 @@ def _parse_yaml(text: str, source_name: str) -> object:
         raise ConfigError(source_name, [f"YAML syntax error: {exc}"]) from None
 
 
-def _json_default(value: object) -> object:
+def json_default(value: object) -> object:
     # YAML types that JSON lacks: timestamps and dates become ISO strings, sets become lists,
     # !!binary becomes text where it decodes. Models declare str/datetime fields for these.
     if isinstance(value, _dt.date | _dt.datetime):

@@ -20,10 +20,11 @@ from pydantic import BaseModel, Field, ValidationError
 from gpunode.common.config import (
     ConfigError,
     ConfigModel,
-    _json_default,
-    _parse_yaml,
     format_loc,
     format_validation_error,
+    json_default,
+    parse_yaml,
+    read_config_text,
 )
 
 __all__ = [
@@ -235,28 +236,17 @@ def default_policy() -> ClusterPolicy:
 
 def load_policy(path: str | os.PathLike[str], *, strict: bool = False) -> LoadedPolicy:
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise ConfigError(name, ["file not found"]) from None
-    except OSError as exc:
-        raise ConfigError(name, [f"cannot read: {exc.strerror or exc}"]) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(name, [f"not valid UTF-8 (byte offset {exc.start})"]) from None
-    return parse_policy_text(text, name, strict=strict)
+    return parse_policy_text(read_config_text(name), name, strict=strict)
 
 
 def parse_policy_text(text: str, source_name: str, *, strict: bool = False) -> LoadedPolicy:
-    data = _parse_yaml(text, source_name)
+    data = parse_yaml(text, source_name)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source_name, ["top level must be a mapping (a ClusterPolicy object)"])
     try:
-        data = json.loads(json.dumps(data, default=_json_default, allow_nan=False))
+        data = json.loads(json.dumps(data, default=json_default, allow_nan=False))
     except ValueError:
         raise ConfigError(source_name, ["values must be finite numbers (no .inf or .nan)"]) from None
     warnings: list[str] = []
