@@ -141,13 +141,3 @@ def test_reset_applies_a_pending_mig_mode_and_refuses_while_in_use(
     ok = run(gpunode_cmd, "sim", "reset", "--state", str(state), "--gpu", "0")
     assert ok.returncode == 0
     assert "MIG mode now enabled" in ok.stdout
-
-
-def test_demo_walks_through_inventory_topology_and_mig(gpunode_cmd: list[str]) -> None:
-    out = run(gpunode_cmd, "demo")
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.count("NVIDIA A100-SXM4-40GB") >= 8
-    assert "GPU0  X     NV12" in out.stdout
-    assert "a further 3g.20gb is refused: INSUFFICIENT_RESOURCES" in out.stdout
-    assert "1g.5gb" in out.stdout
-    assert "MIG-" in out.stdout
