@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ __all__ = [
     "add_kube_flags",
     "log_effective_config",
     "parse_bool",
+    "parse_duration",
+    "parse_interval",
     "resolve",
     "split_verb",
     "values_from_model",
@@ -64,6 +67,53 @@ def parse_bool(text: str) -> bool:
     if word in _FALSE:
         return False
     raise ValueError("expected true/false, 1/0, yes/no or on/off")
+
+
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_PLAIN_NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``300``, ``2.5`` or a Go duration (``0s``, ``5m``, ``1h30m``, ``500ms``); not negative."""
+    raw = text.strip()
+    if _PLAIN_NUMBER.fullmatch(raw):
+        return float(raw)
+    body = raw[1:] if raw.startswith("+") else raw
+    total, pos = 0.0, 0
+    while body and pos < len(body):
+        match = _DURATION_PART.match(body, pos)
+        if match is None:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if not body or pos != len(body):
+        raise ValueError(
+            f"invalid duration {text!r}: give seconds (300) or a Go duration (5m, 1h30m, 0s); "
+            "negative durations are not allowed"
+        )
+    return total
+
+
+def parse_interval(text: str) -> float | None:
+    """A sleep interval: a duration (as :func:`parse_duration`, any case) that must be positive, or
+    ``infinite`` (None), as ``GFD_SLEEP_INTERVAL`` takes it."""
+    t = text.strip().lower()
+    if t == "infinite":
+        return None
+    value = parse_duration(t)
+    if value <= 0:
+        raise ValueError("must be positive (or 'infinite')")
+    return value
 
 
 @dataclass(frozen=True)

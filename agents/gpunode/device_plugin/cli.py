@@ -14,6 +14,7 @@ from gpunode.common.cli import (
     add_common_flags,
     add_kube_flags,
     log_effective_config,
+    parse_duration,
     values_from_model,
 )
 from gpunode.common.errors import ConfigError, UsageError
@@ -35,13 +36,8 @@ DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
 
 def duration(text: str) -> float:
-    """Seconds, or a number with s/m/h: "300", "5m", "90s"."""
-    t = text.strip().lower()
-    scale = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(t[-1:])
-    value = float(t[:-1] if scale else t) * (scale or 1.0)
-    if value < 0:
-        raise ValueError("must not be negative")
-    return value
+    """Seconds, or a Go duration in any case: "300", "5m", "90s", "1h30m"."""
+    return parse_duration(text.strip().lower())
 
 
 def flag_set() -> FlagSet:

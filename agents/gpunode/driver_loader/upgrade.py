@@ -63,7 +63,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from gpunode.common.cli import FlagSet, add_kube_flags, parse_bool
+from gpunode.common.cli import FlagSet, add_kube_flags, parse_bool, parse_duration
 from gpunode.common.errors import UsageError
 from gpunode.common.logging import get_logger
 from gpunode.driver_loader.ops import DriverInUse, DriverOps
@@ -180,41 +180,6 @@ def __getattr__(name: str) -> Any:
 
 
 # ============================================================================================ pure parts
-_DURATION_UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
-}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_PLAIN_NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``300``, ``2.5`` or a Go duration (``0s``, ``5m``, ``1h30m``, ``500ms``); not negative."""
-    raw = text.strip()
-    if _PLAIN_NUMBER.fullmatch(raw):
-        return float(raw)
-    body = raw[1:] if raw.startswith("+") else raw
-    total, pos = 0.0, 0
-    while body and pos < len(body):
-        match = _DURATION_PART.match(body, pos)
-        if match is None:
-            break
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        pos = match.end()
-    if not body or pos != len(body):
-        raise ValueError(
-            f"invalid duration {text!r}: give seconds (300) or a Go duration (5m, 1h30m, 0s); "
-            "negative durations are not allowed"
-        )
-    return total
-
-
 _LABEL_KEY = re.compile(
     r"(?:[A-Za-z0-9](?:[-A-Za-z0-9.]{0,251}[A-Za-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 )

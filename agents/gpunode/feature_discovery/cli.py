@@ -8,7 +8,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpunode.common.cli import FlagSet, add_common_flags, add_kube_flags, log_effective_config
+from gpunode.common.cli import (
+    FlagSet,
+    add_common_flags,
+    add_kube_flags,
+    log_effective_config,
+    parse_interval,
+)
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import default_listen_host
@@ -19,23 +25,6 @@ from gpunode.device_plugin.settings import TimeSlicing, settings_from_config
 from gpunode.feature_discovery.loop import ConfigDir, FdOptions, FdReload, FeatureDiscovery
 from gpunode.feature_discovery.output import DEFAULT_OUTPUT
 from gpunode.nvml import check_simulation
-
-
-def interval(text: str) -> float | None:
-    """A Go-style duration ("60s", "5m", "1h", "90") or "infinite" (None)."""
-    t = text.strip().lower()
-    if t == "infinite":
-        return None
-    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    for suffix in ("ms", "s", "m", "h"):
-        if t.endswith(suffix):
-            value = float(t[: -len(suffix)]) * scale[suffix]
-            break
-    else:
-        value = float(t)
-    if value <= 0:
-        raise ValueError("must be positive (or 'infinite')")
-    return value
 
 
 def flag_set() -> FlagSet:
@@ -161,7 +150,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     try:
         check_simulation(values.get("simulate"), values.get("sim_state"))
-        every = interval(values["sleep_interval"])
+        every = parse_interval(values["sleep_interval"])
         sharing = sharing_of(parsed.config)
         kube = connect_kube(values) if values["use_node_feature_api"] or config_is_dir else None
         node_feature = make_node_feature(values, kube) if values["use_node_feature_api"] else None

@@ -158,6 +158,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from gpunode.nvml import check_simulation
 
         check_simulation(values.get("simulate"), values.get("sim_state"))
+        if verb in ("checkpoint", "restore") and not values.get("checkpoint_file"):
+            raise UsageError("--checkpoint-file (-f) is required")  # before NVML is opened
         spec = load_selected(verb, values)
     except (ConfigError, UsageError, ValueError, LookupError) as exc:
         print(f"gpunode-mig: error: {exc}", file=sys.stderr)
@@ -336,10 +338,7 @@ async def checkpoint(nvml: Any, values: Mapping[str, Any]) -> int:
     from gpunode.common.atomic import atomic_write
     from gpunode.mig.state import read_states
 
-    path = values.get("checkpoint_file")
-    if not path:
-        print("gpunode-mig: error: --checkpoint-file (-f) is required", file=sys.stderr)
-        return 2
+    path = values["checkpoint_file"]
     gpus = [g for g in await nvml.gpus() if g.mig_capable]
     devices = []
     for gpu, state in zip(gpus, await read_states(nvml, gpus), strict=True):
@@ -371,10 +370,7 @@ async def checkpoint(nvml: Any, values: Mapping[str, Any]) -> int:
 
 
 async def restore(applier: Any, values: Mapping[str, Any]) -> int:
-    path = values.get("checkpoint_file")
-    if not path:
-        print("gpunode-mig: error: --checkpoint-file (-f) is required", file=sys.stderr)
-        return 2
+    path = values["checkpoint_file"]
     try:
         doc = json.loads(await asyncio.to_thread(Path(path).read_text))
         devices = doc["MigState"]["Devices"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpunode.common.cli import FlagSet, add_common_flags
+from gpunode.common.cli import parse_interval as _interval
 from gpunode.common.errors import ConfigError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.validator import checks
@@ -609,22 +610,6 @@ def render_json(results: Sequence[Check]) -> str:
         {"ok": not any(c.status == "fail" for c in results), "checks": [asdict(c) for c in results]},
         indent=2,
     )
-
-
-def _interval(text: str) -> float | None:
-    """A Go-style duration (``60s``, ``5m``, ``90``) or ``infinite`` (None), as GFD_SLEEP_INTERVAL."""
-    t = text.strip().lower()
-    if t == "infinite":
-        return None
-    for suffix, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
-        if t.endswith(suffix):
-            value = float(t[: -len(suffix)]) * scale
-            break
-    else:
-        value = float(t)
-    if value <= 0:
-        raise ValueError("must be positive (or 'infinite')")
-    return value
 
 
 def flag_set() -> FlagSet:
