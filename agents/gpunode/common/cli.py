@@ -44,6 +44,7 @@ __all__ = [
     "parse_bool",
     "parse_duration",
     "parse_interval",
+    "parse_log_level",
     "resolve",
     "split_verb",
     "values_from_model",
@@ -310,9 +311,13 @@ class FlagSet:
             file_key=file_key,
             secret=secret,
         )
+        return self.add_flag(flag, short=short, metavar=metavar)
+
+    def add_flag(self, flag: Flag, *, short: str | None = None, metavar: str | None = None) -> Flag:
+        """Declare an already built :class:`Flag` (what :mod:`gpunode.common.settings` does per field)."""
         if flag.dest in self.flags:
-            raise ValueError(f"flag {option} declared twice")
-        names = [short, option] if short else [option]
+            raise ValueError(f"flag {flag.option} declared twice")
+        names = [short, flag.option] if short else [flag.option]
         text = _help_text(flag)
         if flag.is_bool:
             self.parser.add_argument(
@@ -330,6 +335,18 @@ class FlagSet:
             )
         self.flags[flag.dest] = flag
         return flag
+
+    def add_alias(self, option: str, flag: Flag, *, help: str | None = None) -> None:
+        """Another option string for ``flag``'s value (one of NVIDIA's spellings), e.g. ``-n``."""
+        text = help if help is not None else f"alias of {flag.option}"
+        if flag.is_bool:
+            self.parser.add_argument(
+                option, dest=flag.dest, action=_BoolAction, default=argparse.SUPPRESS, help=text
+            )
+        else:
+            self.parser.add_argument(
+                option, dest=flag.dest, type=_argparse_type(flag), default=argparse.SUPPRESS, help=text
+            )
 
     # ------------------------------------------------------------------------------------ parsing
 
@@ -483,7 +500,7 @@ def add_common_flags(flags: FlagSet, *, config_file: bool = True) -> None:
     flags.add(
         "--log-level",
         env="LOG_LEVEL",
-        type=_log_level,
+        type=parse_log_level,
         choices=LOG_LEVEL_CHOICES,
         default="info",
         metavar="LEVEL",
@@ -552,7 +569,8 @@ def add_kube_flags(
     )
 
 
-def _log_level(raw: str) -> str:
+def parse_log_level(raw: str) -> str:
+    """``WARN`` and friends -> ``warning``; case-insensitive."""
     level = raw.strip().lower()
     return "warning" if level == "warn" else level
 

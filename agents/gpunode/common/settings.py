@@ -1,0 +1,349 @@
+"""Typed settings, declared once: each field of a frozen dataclass carries its flag, env vars, file key
+and default; one pure :func:`resolve` turns command line, environment and config file into an instance.
+
+Precedence for every field: command-line flag > environment variable > config file > default (the
+engine is :mod:`gpunode.common.cli`, which also builds the argparse parser). A settings class::
+
+    @dataclass(frozen=True)
+    class ExporterSettings:
+        common: CommonSettings = group(CommonSettings)
+        address: str = setting("--address", short="-a", env="DCGM_EXPORTER_LISTEN", default=":9400",
+                               help="where /metrics is served")
+
+Fields are either a :func:`setting` (one flag) or a :func:`group` (a nested settings dataclass whose
+flags are declared in place, in field order). Every flag's ``dest`` is its field name, unique across
+the whole class, so the effective-config log event and the sources keep one flat key per flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from gpunode.common.cli import (
+    LOG_FORMATS,
+    LOG_LEVEL_CHOICES,
+    Flag,
+    FlagSet,
+    Source,
+    log_effective_config,
+    parse_log_level,
+)
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+__all__ = [
+    "CommonSettings",
+    "KubeSettings",
+    "Parsed",
+    "SettingsParser",
+    "flags_of",
+    "group",
+    "resolve",
+    "setting",
+]
+
+S = TypeVar("S")
+
+_FLAG = "gpunode.flag"
+_GROUP = "gpunode.group"
+
+
+@dataclass(frozen=True)
+class _Decl:
+    """What :func:`setting` records on a field; the field's name becomes the flag's dest."""
+
+    option: str
+    envs: tuple[str, ...]
+    type: Callable[[str], Any]
+    choices: tuple[Any, ...] | None
+    help: str
+    metavar: str | None
+    file_key: str | None
+    secret: bool
+    short: str | None
+    aliases: tuple[str, ...]
+
+
+def setting(
+    option: str,
+    *,
+    default: Any = None,
+    env: str | Sequence[str] | None = None,
+    type: Callable[[str], Any] = str,
+    choices: Sequence[Any] | None = None,
+    help: str = "",
+    metavar: str | None = None,
+    file_key: str | None = None,
+    secret: bool = False,
+    short: str | None = None,
+    aliases: Sequence[str] = (),
+) -> Any:
+    """A field that is one flag (``--long-name``), with env vars and an optional config-file key.
+
+    ``type=bool`` makes a ``--x/--no-x`` switch (``--x=false`` works too). ``aliases`` are further
+    option strings for the same value (NVIDIA's spellings), listed in the help as aliases.
+    """
+    if not option.startswith("--"):
+        raise ValueError(f"flag must start with '--': {option!r}")
+    decl = _Decl(
+        option=option,
+        envs=(env,) if isinstance(env, str) else tuple(env or ()),
+        type=type,
+        choices=tuple(choices) if choices is not None else None,
+        help=help,
+        metavar=metavar,
+        file_key=file_key,
+        secret=secret,
+        short=short,
+        aliases=tuple(aliases),
+    )
+    return dataclasses.field(default=default, metadata={_FLAG: decl})
+
+
+def group(cls: type[Any], *, help: Mapping[str, str] | None = None) -> Any:
+    """A nested settings dataclass whose flags are declared here; ``help`` overrides texts by field."""
+    return dataclasses.field(default_factory=cls, metadata={_GROUP: dict(help or {})})
+
+
+@dataclass(frozen=True)
+class _Entry:
+    path: tuple[str, ...]  # field names from the root to this flag
+    flag: Flag
+    short: str | None
+    metavar: str | None
+    aliases: tuple[str, ...]
+
+
+def _entries(
+    cls: type[Any], path: tuple[str, ...] = (), help: Mapping[str, str] | None = None
+) -> Iterator[_Entry]:
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a settings dataclass")
+    for f in dataclasses.fields(cls):
+        if _GROUP in f.metadata:
+            inner = f.default_factory
+            yield from _entries(inner, (*path, f.name), f.metadata[_GROUP])  # type: ignore[arg-type]
+            continue
+        decl: _Decl | None = f.metadata.get(_FLAG)
+        if decl is None:
+            raise TypeError(f"{cls.__name__}.{f.name}: declare it with setting() or group()")
+        text = (help or {}).get(f.name, decl.help)
+        flag = Flag(
+            option=decl.option,
+            dest=f.name,
+            envs=decl.envs,
+            type=decl.type,
+            default=f.default,
+            choices=decl.choices,
+            is_bool=decl.type is bool,
+            help=text,
+            file_key=decl.file_key,
+            secret=decl.secret,
+        )
+        yield _Entry((*path, f.name), flag, decl.short, decl.metavar, decl.aliases)
+
+
+def flags_of(cls: type[Any]) -> list[Flag]:
+    """Every flag a settings class declares, in declaration order (groups flattened)."""
+    return [entry.flag for entry in _entries(cls)]
+
+
+def _build(cls: type[S], values: Mapping[str, Any], path: tuple[str, ...] = ()) -> S:
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if _GROUP in f.metadata:
+            kwargs[f.name] = _build(f.default_factory, values, (*path, f.name))  # type: ignore[arg-type]
+        else:
+            kwargs[f.name] = values[f.name]
+    return cls(**kwargs)
+
+
+def resolve(
+    cls: type[S],
+    argv_values: Mapping[str, Any],
+    environ: Mapping[str, str],
+    file_values: Mapping[str, Any] | None = None,
+) -> tuple[S, dict[str, Source]]:
+    """The settings instance and each flag's source: flag > env var > config file > default.
+
+    Pure, as :func:`gpunode.common.cli.resolve` (which it applies to the class's flags):
+    ``argv_values`` holds the flags given on the command line by dest, ``file_values`` the config
+    file's values by dest. Raises :class:`~gpunode.common.errors.UsageError` for a bad env value.
+    """
+    from gpunode.common.cli import resolve as resolve_flags
+
+    values, sources = resolve_flags(flags_of(cls), argv_values, environ, file_values)
+    return _build(cls, values), sources
+
+
+def flat_values(settings: object) -> dict[str, Any]:
+    """``{dest: value}`` of every flag of a settings instance (groups flattened)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(settings):  # type: ignore[arg-type]
+        value = getattr(settings, f.name)
+        if _GROUP in f.metadata:
+            out.update(flat_values(value))
+        else:
+            out[f.name] = value
+    return out
+
+
+M = TypeVar("M", bound="BaseModel")
+
+
+@dataclass(frozen=True)
+class Parsed(Generic[S]):
+    """One command line resolved: the typed settings, each flag's source, the loaded config file model
+    (when the command reads one), and the raw argparse values (positionals too)."""
+
+    settings: S
+    sources: dict[str, Source]
+    config: Any = None
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def log_effective_config(self, cls: type[Any] | None = None, **fields: Any) -> None:
+        """The one ``effective_config`` event, secrets redacted."""
+        flags = flags_of(cls or type(self.settings))
+        log_effective_config(flat_values(self.settings), self.sources, flags=flags, **fields)
+
+
+class SettingsParser(Generic[S]):
+    """The command line of one settings class: argparse built from the fields, precedence applied.
+
+    ``aliases`` maps extra option strings (NVIDIA's spellings declared by one agent only, such as
+    ``--nvidia-driver-root``) to a field name; ``configure`` adds positionals to the parser.
+    """
+
+    def __init__(
+        self,
+        cls: type[S],
+        *,
+        prog: str,
+        description: str | None = None,
+        aliases: Mapping[str, str] | None = None,
+        configure: Callable[[FlagSet], None] | None = None,
+    ) -> None:
+        self.cls = cls
+        self.flagset = FlagSet(prog=prog, description=description)
+        for entry in _entries(cls):
+            self.flagset.add_flag(entry.flag, short=entry.short, metavar=entry.metavar)
+            for alias in entry.aliases:
+                self.flagset.add_alias(alias, entry.flag)
+        for option, dest in (aliases or {}).items():
+            self.flagset.add_alias(option, self.flagset.flags[dest])
+        if configure is not None:
+            configure(self.flagset)
+
+    @property
+    def prog(self) -> str:
+        return self.flagset.parser.prog
+
+    def parse(
+        self,
+        argv: Sequence[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        config_model: type[BaseModel] | None = None,
+        *,
+        exit_on_error: bool = True,
+    ) -> Parsed[S]:
+        """Command line + environment (+ the ``--config-file`` model when given) -> :class:`Parsed`.
+
+        Usage and config errors print ``prog: error: ...`` and exit 2, or raise when
+        ``exit_on_error`` is False (see :meth:`gpunode.common.cli.FlagSet.parse`).
+        """
+        env = os.environ if environ is None else environ
+        raw = self.flagset.parse(argv, env, config_model, exit_on_error=exit_on_error)
+        return Parsed(_build(self.cls, raw.values), raw.sources, raw.config, raw.args)
+
+    def resolve(
+        self, args: Mapping[str, Any], environ: Mapping[str, str], config: BaseModel | None
+    ) -> tuple[S, dict[str, Source]]:
+        """Settings again for a (re)loaded config file, with flags and env vars still taking precedence."""
+        from gpunode.common.cli import values_from_model
+
+        return resolve(self.cls, args, environ, values_from_model(self.flagset.flags.values(), config))
+
+
+@dataclass(frozen=True)
+class CommonSettings:
+    """The flags every agent has (names and env vars are a contract, see DESIGN.md)."""
+
+    log_format: Literal["json", "console"] | None = setting(
+        "--log-format",
+        env="LOG_FORMAT",
+        choices=LOG_FORMATS,
+        metavar="json|console",
+        help="log line format; json unless stderr is a terminal",
+    )
+    log_level: str = setting(
+        "--log-level",
+        env="LOG_LEVEL",
+        type=parse_log_level,
+        choices=LOG_LEVEL_CHOICES,
+        default="info",
+        metavar="LEVEL",
+        help="least severe level logged: debug, info, warning, error, critical",
+    )
+    node_name: str | None = setting(
+        "--node-name", env="NODE_NAME", metavar="NAME", help="this Kubernetes node's name"
+    )
+    simulate: str | None = setting(
+        "--simulate",
+        env="GPUNODE_SIMULATE",
+        metavar="PRESET",
+        help="run on a simulated node with this GPU preset instead of the real driver",
+    )
+    sim_state: str | None = setting(
+        "--sim-state",
+        env="GPUNODE_SIM_STATE",
+        metavar="FILE",
+        help="state file of the simulated node; processes given the same file share one node",
+    )
+    driver_root: str = setting(
+        "--driver-root",
+        env="NVIDIA_DRIVER_ROOT",
+        default="/",
+        metavar="DIR",
+        help="where the NVIDIA driver's files are installed on the host",
+    )
+
+
+@dataclass(frozen=True)
+class CommonWithConfigSettings(CommonSettings):
+    """:class:`CommonSettings` plus ``--config-file`` (agents that read a YAML configuration file)."""
+
+    config_file: str | None = setting(
+        "--config-file", env="CONFIG_FILE", metavar="FILE", help="YAML configuration file"
+    )
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """The Kubernetes API flags (the node's own name is ``--node-name`` / ``NODE_NAME``)."""
+
+    kubeconfig: str | None = setting(
+        "--kubeconfig",
+        env="KUBECONFIG",
+        metavar="FILE",
+        help="kubeconfig file; default: the pod's service account (in-cluster)",
+    )
+    namespace: str = setting(
+        "--namespace",
+        env="NAMESPACE",
+        default="default",
+        metavar="NS",
+        help="namespace of the objects this agent writes",
+    )
+    kube_api_timeout: float = setting(
+        "--kube-api-timeout",
+        env="KUBE_API_TIMEOUT",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="timeout of each Kubernetes API request (retried with backoff when the server is unreachable)",
+    )
