@@ -5,7 +5,10 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import asyncio
 
 ARCHITECTURES = {
     2: "kepler",
@@ -334,7 +337,10 @@ class Nvml(Protocol):
         ...
 
     def events(
-        self, mask: int = HEALTH_EVENTS, indices: Sequence[int] | None = None, ready: Any = None
+        self,
+        mask: int = HEALTH_EVENTS,
+        indices: Sequence[int] | None = None,
+        ready: asyncio.Event | None = None,
     ) -> AsyncIterator[HealthEvent]:
         """Events from now on; `ready` (an asyncio.Event) is set once they are being watched."""
         ...

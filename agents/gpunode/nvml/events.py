@@ -12,20 +12,21 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-E = TypeVar("E")
+S = TypeVar("S")  # the event set
+E = TypeVar("E")  # an event
 
 WAIT_SLICE_MS = 2000
 
 
-class EventPump(Generic[E]):
+class EventPump(Generic[S, E]):
     def __init__(
         self,
         nvml_pool: Executor,
-        create: Callable[[], Any],
-        wait: Callable[[Any, int], E | None],
-        free: Callable[[Any], None],
+        create: Callable[[], S],
+        wait: Callable[[S, int], E | None],
+        free: Callable[[S], None],
         slice_ms: int = WAIT_SLICE_MS,
     ) -> None:
         self._nvml_pool = nvml_pool

@@ -13,7 +13,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, overload
 
 import pynvml
 
@@ -42,6 +42,25 @@ from gpunode.nvml.api import (
 )
 from gpunode.nvml.events import EventPump
 
+if TYPE_CHECKING:
+    # pynvml carries no type information; its handles (device, GPU instance, compute instance, event set)
+    # are ctypes pointers this module only hands back to pynvml, or compares by address.
+    Handle: TypeAlias = ctypes._Pointer[ctypes.Structure]
+    # the GPM sample buffers pynvml allocates and fills
+    GpmSample: TypeAlias = object
+
+    class _MigAttributes(Protocol):
+        """The fields of pynvml's c_nvmlDeviceAttributes_t that identify a GPU-instance profile."""
+
+        gpuInstanceSliceCount: int
+        memorySizeMB: int
+        sharedCopyEngineCount: int
+        sharedDecoderCount: int
+        sharedEncoderCount: int
+        sharedJpegCount: int
+        sharedOfaCount: int
+
+
 T = TypeVar("T")
 MIB = 1 << 20
 LIBRARY_NAME = "libnvidia-ml.so.1"
@@ -50,7 +69,7 @@ _install_lock = threading.Lock()
 
 
 # -- loading -------------------------------------------------------------------------------------------------
-def install_library(lib: Any) -> None:
+def install_library(lib: object) -> None:
     """Make `lib` the library pynvml calls (a CDLL or the simulator), resetting pynvml's caches.
 
     pynvml keeps the library in `nvmlLib`, caches every resolved symbol in `_nvmlGetFunctionPointer_cache`
@@ -95,25 +114,40 @@ def _translate(exc: pynvml.NVMLError) -> errors.NvmlError:
     return errors.from_code(code, text)
 
 
-def _call(fn: Callable[..., T], *args: Any) -> T:
-    try:
-        return fn(*args)
-    except pynvml.NVMLError as exc:
-        raise _translate(exc) from None
+Tolerated: TypeAlias = tuple[type[errors.NvmlError], ...]
+
+# what an optional feature answers where the GPU (or an older driver) lacks it
+UNSUPPORTED: Tolerated = (errors.NotSupported, errors.FunctionNotFound, errors.NotFound)
+# every NVML error (for frees and probes whose failure changes nothing)
+ANY_ERROR: Tolerated = (errors.NvmlError,)
 
 
-def _optional(fn: Callable[..., T], *args: Any) -> T | None:
-    """NotSupported (and FunctionNotFound on older drivers) become None."""
+@overload
+def _call(fn: Callable[..., T], *args: object) -> T: ...
+
+
+@overload
+def _call(fn: Callable[..., T], *args: object, tolerate: Tolerated) -> T | None: ...
+
+
+def _call(fn: Callable[..., T], *args: object, tolerate: Tolerated = ()) -> T | None:
+    """Call a pynvml function. Its NVMLError becomes the `gpunode.nvml.errors` class for the code (raised
+    without the vendor exception chained); an error of a class in `tolerate` returns None instead."""
     try:
         return fn(*args)
     except pynvml.NVMLError as exc:
         err = _translate(exc)
-        if isinstance(err, (errors.NotSupported, errors.FunctionNotFound, errors.NotFound)):
+        if isinstance(err, tolerate):
             return None
         raise err from None
 
 
-def _addr(handle: Any) -> int | None:
+def _optional(fn: Callable[..., T], *args: object) -> T | None:
+    """NotSupported (and FunctionNotFound on older drivers, NotFound) become None."""
+    return _call(fn, *args, tolerate=UNSUPPORTED)
+
+
+def _addr(handle: Handle) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
@@ -128,7 +162,7 @@ GPM_METRICS = {
 class _GpmSamples:
     """One GPU's two GPM sample buffers: the previous sample and the one the next call fills."""
 
-    def __init__(self, previous: Any, scratch: Any) -> None:
+    def __init__(self, previous: GpmSample, scratch: GpmSample) -> None:
         self.previous = previous
         self.scratch = scratch
         self.primed = False  # whether `previous` holds a sample
@@ -145,7 +179,7 @@ class RealNvml:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nvml")
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, Handle] = {}
         self._uuids: dict[int, str] = {}
         self._gi_profiles: dict[int, list[GiProfile]] = {}
         self._totals: dict[int, int] = {}
@@ -164,35 +198,30 @@ class RealNvml:
             raise
         return self
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args))
 
     def _start(self, driver_root: Path | str | None) -> None:
         load_driver_library(driver_root)
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            err = _translate(exc)
+            _call(pynvml.nvmlInit)
+        except errors.NvmlError as err:
             raise errors.InitFailed(f"NVML init failed: {err}", code=err.code) from None
         self._count = _call(pynvml.nvmlDeviceGetCount)
         for i in range(self._count):
             self._cache_handle(i)
 
-    def _cache_handle(self, index: int) -> Any:
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        except pynvml.NVMLError as exc:
-            err = _translate(exc)
-            if isinstance(err, errors.GpuLost):
-                return None
-            raise err from None
+    def _cache_handle(self, index: int) -> Handle | None:
+        handle: Handle | None = _call(pynvml.nvmlDeviceGetHandleByIndex, index, tolerate=(errors.GpuLost,))
+        if handle is None:
+            return None
         self._handles[index] = handle
         if index not in self._uuids:
             self._uuids[index] = _call(pynvml.nvmlDeviceGetUUID, handle)
         return handle
 
-    def _handle(self, index: int) -> Any:
+    def _handle(self, index: int) -> Handle:
         if not 0 <= index < self._count:
             raise errors.InvalidArgument(f"no GPU with index {index} (the node has {self._count})")
         handle = self._handles.get(index)
@@ -216,10 +245,7 @@ class RealNvml:
     def _shutdown(self) -> None:
         for samples in self._gpm_samples.values():
             for sample in (samples.previous, samples.scratch):
-                try:
-                    pynvml.nvmlGpmSampleFree(sample)
-                except pynvml.NVMLError:
-                    pass
+                _call(pynvml.nvmlGpmSampleFree, sample, tolerate=ANY_ERROR)
         self._gpm_samples.clear()
         _call(pynvml.nvmlShutdown)
 
@@ -298,14 +324,13 @@ class RealNvml:
     async def topology(self) -> Topology:
         return await self._run(self._topology)
 
-    def _links(self, h: Any) -> tuple[dict[str, int], int]:
+    def _links(self, h: Handle) -> tuple[dict[str, int], int]:
         """(links per remote GPU bus id, links to NVSwitches) for one GPU."""
         peers: dict[str, int] = {}
         switch_links = 0
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
-            try:
-                active = pynvml.nvmlDeviceGetNvLinkState(h, link)
-            except pynvml.NVMLError:
+            active = _call(pynvml.nvmlDeviceGetNvLinkState, h, link, tolerate=ANY_ERROR)
+            if active is None:
                 break
             if not active:
                 continue
@@ -382,13 +407,14 @@ class RealNvml:
         total = self._total_bytes(index)
         profiles = []
         for enum in range(mig.GI_PROFILE_COUNT):
-            try:
-                info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, enum)
-            except pynvml.NVMLError as exc:
-                err = _translate(exc)
-                if isinstance(err, (errors.NotSupported, errors.InvalidArgument)):
-                    continue
-                raise err from None
+            info = _call(
+                pynvml.nvmlDeviceGetGpuInstanceProfileInfo,
+                h,
+                enum,
+                tolerate=(errors.NotSupported, errors.InvalidArgument),
+            )
+            if info is None:
+                continue
             placements = self._placements(h, info.id)
             profiles.append(
                 GiProfile(
@@ -410,17 +436,15 @@ class RealNvml:
         self._gi_profiles[index] = profiles
         return profiles
 
-    def _placements(self, h: Any, profile_id: int) -> tuple[Placement, ...]:
+    def _placements(self, h: Handle, profile_id: int) -> tuple[Placement, ...]:
         count = ctypes.c_uint(0)
+        get = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
         try:
-            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, None, ctypes.byref(count))
+            _call(get, h, profile_id, None, ctypes.byref(count))
             arr = (pynvml.c_nvmlGpuInstancePlacement_t * max(1, count.value))()
-            pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, arr, ctypes.byref(count))
-        except pynvml.NVMLError as exc:
-            err = _translate(exc)
-            if isinstance(err, errors.NotSupported):
-                return ()  # MIG mode off: the driver lists placements only once it is on
-            raise err from None
+            _call(get, h, profile_id, arr, ctypes.byref(count))
+        except errors.NotSupported:
+            return ()  # MIG mode off: the driver lists placements only once it is on
         return tuple(Placement(arr[i].start, arr[i].size) for i in range(count.value))
 
     def _profile_by_enum(self, index: int, enum: int) -> GiProfile:
@@ -432,7 +456,7 @@ class RealNvml:
                 return p
         raise errors.NotSupported(f"GPU {index} has no GPU-instance profile {enum}")
 
-    def _profile_by_attributes(self, index: int, attrs: Any) -> GiProfile | None:
+    def _profile_by_attributes(self, index: int, attrs: _MigAttributes) -> GiProfile | None:
         """The GI profile a MIG device's attributes identify (slices, memory, engines), if unique."""
         matches = [
             p
@@ -485,7 +509,7 @@ class RealNvml:
     async def gpu_instances(self, index: int) -> list[GpuInstance]:
         return await self._run(self._gpu_instances, index)
 
-    def _gi_from_handle(self, index: int, gi: Any) -> GpuInstance:
+    def _gi_from_handle(self, index: int, gi: Handle) -> GpuInstance:
         info = _call(pynvml.nvmlGpuInstanceGetInfo, gi)
         return GpuInstance(
             gpu_index=index,
@@ -522,14 +546,13 @@ class RealNvml:
             gi = _call(pynvml.nvmlDeviceCreateGpuInstanceWithPlacement, h, profile.id, ctypes.byref(pl))
         return self._gi_from_handle(index, gi)
 
-    def _gi_handle(self, index: int, gi_id: int) -> Any:
+    def _gi_handle(self, index: int, gi_id: int) -> Handle:
+        h = self._handle(index)
         try:
-            return pynvml.nvmlDeviceGetGpuInstanceById(self._handle(index), gi_id)
-        except pynvml.NVMLError as exc:
-            err = _translate(exc)
-            if isinstance(err, errors.NotFound):
-                raise errors.NotFound(f"GPU {index} has no GPU instance {gi_id}") from None
-            raise err from None
+            gi: Handle = _call(pynvml.nvmlDeviceGetGpuInstanceById, h, gi_id)
+        except errors.NotFound:
+            raise errors.NotFound(f"GPU {index} has no GPU instance {gi_id}") from None
+        return gi
 
     async def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
         await self._run(lambda: _call(pynvml.nvmlGpuInstanceDestroy, self._gi_handle(index, gi_id)))
@@ -537,7 +560,7 @@ class RealNvml:
     async def compute_instances(self, index: int, gi_id: int) -> list[ComputeInstance]:
         return await self._run(self._compute_instances, index, gi_id)
 
-    def _ci_from_handle(self, index: int, gi_id: int, ci: Any) -> ComputeInstance:
+    def _ci_from_handle(self, index: int, gi_id: int, ci: Handle) -> ComputeInstance:
         info = _call(pynvml.nvmlComputeInstanceGetInfo, ci)
         return ComputeInstance(
             index, gi_id, info.id, info.profileId, Placement(info.placement.start, info.placement.size)
@@ -549,13 +572,16 @@ class RealNvml:
         for enum in range(mig.CI_PROFILE_COUNT):
             count = ctypes.c_uint(8)
             arr = (pynvml.c_nvmlComputeInstance_t * 8)()
-            try:
-                pynvml.nvmlGpuInstanceGetComputeInstances(gi, enum, arr, ctypes.byref(count))
-            except pynvml.NVMLError as exc:
-                err = _translate(exc)
-                if isinstance(err, (errors.NotSupported, errors.InvalidArgument)):
-                    continue
-                raise err from None
+            listed = _call(
+                pynvml.nvmlGpuInstanceGetComputeInstances,
+                gi,
+                enum,
+                arr,
+                ctypes.byref(count),
+                tolerate=(errors.NotSupported, errors.InvalidArgument),
+            )
+            if listed is None:
+                continue
             out += [self._ci_from_handle(index, gi_id, arr[i]) for i in range(count.value)]
         return sorted(out, key=lambda c: c.id)
 
@@ -592,17 +618,14 @@ class RealNvml:
         return await self._run(self._mig_devices, index)
 
     @staticmethod
-    def _mig_handles(h: Any) -> Iterator[tuple[int, Any]]:
+    def _mig_handles(h: Handle) -> Iterator[tuple[int, Handle]]:
         """(slot, handle) of each MIG device a GPU has; empty slots are skipped."""
         for slot in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, h)):
-            try:
-                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
-            except pynvml.NVMLError as exc:
-                err = _translate(exc)
-                if isinstance(err, errors.NotFound):
-                    continue
-                raise err from None
-            yield slot, m
+            m: Handle | None = _call(
+                pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, slot, tolerate=(errors.NotFound,)
+            )
+            if m is not None:
+                yield slot, m
 
     def _mig_devices(self, index: int) -> list[MigDevice]:
         h = self._handle(index)
@@ -668,13 +691,14 @@ class RealNvml:
     def _fabric_clique(self, index: int) -> str | None:
         """`<cluster UUID>.<clique id>` for a GPU on an NVLink fabric (GB200 and the like), else None."""
         info = pynvml.c_nvmlGpuFabricInfo_v2_t()
-        try:
-            pynvml.nvmlDeviceGetGpuFabricInfoV(self._handle(index), ctypes.byref(info))
-        except pynvml.NVMLError as exc:
-            err = _translate(exc)
-            if isinstance(err, (errors.NotSupported, errors.FunctionNotFound, errors.InvalidArgument)):
-                return None
-            raise err from None
+        got = _call(
+            pynvml.nvmlDeviceGetGpuFabricInfoV,
+            self._handle(index),
+            ctypes.byref(info),
+            tolerate=(errors.NotSupported, errors.FunctionNotFound, errors.InvalidArgument),
+        )
+        if got is None:
+            return None
         cluster = bytes(info.clusterUuid)
         if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != 0 or not any(cluster):
             return None
@@ -753,7 +777,7 @@ class RealNvml:
         """
         return await self._run(self._gpm_utilization, index)
 
-    def _gpm_supported(self, index: int, h: Any) -> bool:
+    def _gpm_supported(self, index: int, h: Handle) -> bool:
         supported = self._gpm_support.get(index)
         if supported is None:
             info = _optional(pynvml.nvmlGpmQueryDeviceSupport, h)
@@ -779,13 +803,12 @@ class RealNvml:
             return None
         samples = self._gpm_buffers(index)
         try:
-            pynvml.nvmlGpmSampleGet(h, samples.scratch)
-        except pynvml.NVMLError as exc:
+            _call(pynvml.nvmlGpmSampleGet, h, samples.scratch)
+        except errors.NvmlError as err:
             samples.primed = False  # no usable interval until a fresh sample is taken
-            err = _translate(exc)
             if isinstance(err, (errors.NotSupported, errors.FunctionNotFound)):
                 return None
-            raise err from None
+            raise
         if not samples.primed:
             samples.advance()
             return None
@@ -809,18 +832,21 @@ class RealNvml:
 
     # -- events --------------------------------------------------------------------------------------------
     def events(
-        self, mask: int = HEALTH_EVENTS, indices: Sequence[int] | None = None, ready: Any = None
+        self,
+        mask: int = HEALTH_EVENTS,
+        indices: Sequence[int] | None = None,
+        ready: asyncio.Event | None = None,
     ) -> AsyncIterator[HealthEvent]:
         """Health events from every (or the given) GPU, as an async iterator fed by its own thread;
         `ready` (an asyncio.Event) is set once the event set is registered, so nothing after is missed."""
-        pump = EventPump(
+        pump: EventPump[Handle, HealthEvent] = EventPump(
             self._pool, self._make_event_set(mask, indices), self._wait_event, self._free_event_set
         )
         return pump.run(ready)
 
-    def _make_event_set(self, mask: int, indices: Sequence[int] | None) -> Callable[[], Any]:
-        def create() -> Any:
-            es = _call(pynvml.nvmlEventSetCreate)
+    def _make_event_set(self, mask: int, indices: Sequence[int] | None) -> Callable[[], Handle]:
+        def create() -> Handle:
+            es: Handle = _call(pynvml.nvmlEventSetCreate)
             for i in indices if indices is not None else range(self._count):
                 try:
                     h = self._handle(i)
@@ -832,14 +858,10 @@ class RealNvml:
 
         return create
 
-    def _wait_event(self, es: Any, timeout_ms: int) -> HealthEvent | None:
-        try:
-            data = pynvml.nvmlEventSetWait_v2(es, timeout_ms)
-        except pynvml.NVMLError as exc:
-            err = _translate(exc)
-            if isinstance(err, errors.Timeout):
-                return None
-            raise err from None
+    def _wait_event(self, es: Handle, timeout_ms: int) -> HealthEvent | None:
+        data = _call(pynvml.nvmlEventSetWait_v2, es, timeout_ms, tolerate=(errors.Timeout,))
+        if data is None:
+            return None
         addr = _addr(data.device)
         index = next((i for i, h in self._handles.items() if _addr(h) == addr), -1)
         etype = int(data.eventType)
@@ -861,8 +883,5 @@ class RealNvml:
             ci_id=None if ci == 0xFFFFFFFF else ci,
         )
 
-    def _free_event_set(self, es: Any) -> None:
-        try:
-            pynvml.nvmlEventSetFree(es)
-        except pynvml.NVMLError:
-            pass
+    def _free_event_set(self, es: Handle) -> None:
+        _call(pynvml.nvmlEventSetFree, es, tolerate=ANY_ERROR)

@@ -1,1 +1,0 @@
-"""Test doubles that speak the real protocols: a fake kubelet (gRPC over Unix sockets)."""
