@@ -1068,7 +1068,8 @@ class DriverLoader:
             return None
         from prometheus_client import Gauge
 
-        from gpunode.common.http import HealthServer, default_listen_host
+        from gpunode.common.http import HealthServer
+        from gpunode.common.httpcore import default_listen_host
         from gpunode.common.metrics import create_metrics
 
         host = host or default_listen_host(os.environ)

@@ -15,6 +15,7 @@ from prometheus_client.exposition import choose_encoder
 
 from gpunode.common import sdnotify
 from gpunode.common.asynchttp import AsyncEndpoint
+from gpunode.common.httpcore import Health, metrics_route
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import trim_memory
@@ -61,18 +62,17 @@ class Exporter:
         self.sampler: Sampler | None = None
         self.gpu_registry = CollectorRegistry(auto_describe=False)  # the GPU series, rendered once per sample
         self._cache: dict[str, tuple[float, float, bytes]] = {}
+        self.ready = asyncio.Event()
+        # /readyz answers 503 until the first sample: never "ready" before there is something to scrape
+        self.health = Health()  # /healthz: answered by the event loop, so it is alive
+        self.health.add_check(
+            "sampled",
+            lambda: (True, "first sample taken") if self.ready.is_set() else (False, "no sample yet"),
+        )
         # served by the event loop itself: fair and fast under many concurrent scrapers (see asynchttp)
         self.http = AsyncEndpoint(
-            {
-                "/metrics": self._metrics,
-                "/health": self._health,
-                "/healthz": self._health,
-                "/readyz": self._readyz,
-            },
-            host=opts.host,
-            port=opts.port,
+            self.health.routes(metrics_route(self.render, self.log)), host=opts.host, port=opts.port
         )
-        self.ready = asyncio.Event()
 
     def latest(self) -> Snapshot:
         return self.sampler.latest if self.sampler is not None else EMPTY
@@ -91,22 +91,6 @@ class Exporter:
             cached = (taken, now, gpu_part + encoder(self.metrics.registry))
             self._cache[content_type] = cached
         return cached[2], content_type
-
-    def _metrics(self, accept: str) -> tuple[int, bytes, str]:
-        try:
-            body, content_type = self.render(accept)
-        except Exception:
-            self.log.error("metrics_render_failed", exc_info=True)
-            return 500, b"metrics collection failed\n", "text/plain; charset=utf-8"
-        return 200, body, content_type
-
-    def _health(self, accept: str) -> tuple[int, bytes, str]:
-        return 200, b"ok\n", "text/plain; charset=utf-8"  # answered by the event loop: it is alive
-
-    def _readyz(self, accept: str) -> tuple[int, bytes, str]:
-        if self.ready.is_set():
-            return 200, b"sampled: ok: first sample taken\nready\n", "text/plain; charset=utf-8"
-        return 503, b"sampled: failing: no sample yet\nnot ready\n", "text/plain; charset=utf-8"
 
     def _pod_failure(self, reason: str) -> None:
         self.pod_failures.inc()
@@ -128,7 +112,6 @@ class Exporter:
                 metrics=missing,
                 reason="NVML cannot supply them (DCGM profiling, HBM temperature, ...); not faked",
             )
-        # /readyz answers 503 until the first sample: never "ready" before there is something to scrape
         async with contextlib.AsyncExitStack() as stack:
             try:
                 await self.http.start()

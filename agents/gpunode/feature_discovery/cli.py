@@ -17,7 +17,7 @@ from gpunode.common.cli import (
 )
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
-from gpunode.common.http import default_listen_host
+from gpunode.common.httpcore import default_listen_host
 from gpunode.common.labelconfig import add_label_config_flags, parse_fallback_strategies
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run

@@ -208,7 +208,7 @@ def build_options(
     config, clients or hooks file, UsageError for a selected-config file in a directory that does not
     exist."""
     from gpunode.common.errors import UsageError
-    from gpunode.common.http import default_listen_host
+    from gpunode.common.httpcore import default_listen_host
     from gpunode.mig.clients import load_gpu_clients
     from gpunode.mig.hooks import load_hooks
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpunode.common.http import HealthServer, default_listen_host
+from gpunode.common.http import HealthServer
+from gpunode.common.httpcore import default_listen_host
 from gpunode.common.metrics import AgentMetrics, create_metrics
 
 
