@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/kube_layer.py [--quick] [--json]
 
 1. Import: a fresh interpreter importing an agent's stack (the feature discovery agent's modules),
-   then the same plus `gpunode.common.kube` (lightkube); the difference of the medians.
+   then the same plus `gpunode.kube.client` (lightkube); the difference of the medians.
 2. Start-up in use: in a fresh interpreter that has loaded the agent's stack, the time to import the
    layer, connect, get the node and patch it, against the test API server on loopback. Target: import +
    use <= 300 ms.
@@ -47,7 +47,7 @@ USE = f"""
 import asyncio, time
 {STACK}
 t0 = time.perf_counter()
-from gpunode.common.kube import Kube
+from gpunode.kube.client import Kube
 async def main():
     kube = Kube.connect("node-1", {{kubeconfig!r}})
     node = await kube.get_node()
@@ -92,9 +92,9 @@ def main() -> int:
     runs = 3 if opts.quick else 9
     settle = 3.0 if opts.quick else 6.0
 
-    fresh_ms(TIMED.format(stmt=STACK + "\nimport gpunode.common.kube"), 1)  # warm the bytecode caches
+    fresh_ms(TIMED.format(stmt=STACK + "\nimport gpunode.kube.client"), 1)  # warm the bytecode caches
     base = fresh_ms(TIMED.format(stmt=STACK), runs)
-    with_kube = fresh_ms(TIMED.format(stmt=STACK + "\nimport gpunode.common.kube"), runs)
+    with_kube = fresh_ms(TIMED.format(stmt=STACK + "\nimport gpunode.kube.client"), runs)
 
     with tempfile.TemporaryDirectory() as tmp, FakeApiServer() as api:
         d = Path(tmp)
@@ -147,7 +147,7 @@ def main() -> int:
     print(f"{'figure':<56} {'value':>10} {'target':>10}")
     rows = [
         ("import: agent stack (median of fresh interpreters)", f"{result['import_stack_ms']} ms", ""),
-        ("import: agent stack + gpunode.common.kube", f"{result['import_stack_plus_kube_ms']} ms", ""),
+        ("import: agent stack + gpunode.kube.client", f"{result['import_stack_plus_kube_ms']} ms", ""),
         ("import: added by the kube layer", f"{result['import_delta_ms']} ms", "<= 300 ms"),
         (
             "agent loaded, then import kube + connect + get + patch",

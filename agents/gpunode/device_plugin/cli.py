@@ -29,8 +29,8 @@ from gpunode.device_plugin.settings import PluginSettings, parse_device_list_str
 from gpunode.nvml import check_simulation
 
 if TYPE_CHECKING:
-    from gpunode.common.kube import Kube
-    from gpunode.device_plugin.config import PluginConfig
+    from gpunode.api.plugin_config import PluginConfig
+    from gpunode.kube.client import Kube
 
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
@@ -194,7 +194,7 @@ def config_dir_options(values: Mapping[str, Any]) -> ConfigDirOptions | None:
 
 def connect_kube(values: Mapping[str, Any], config_dir: ConfigDirOptions) -> Kube:
     """The API client for the node label; imported only here (lightkube costs memory)."""
-    from gpunode.common.kube import Kube
+    from gpunode.kube.client import Kube
 
     try:
         return Kube.connect(

@@ -46,8 +46,8 @@ from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml import errors
 
 if TYPE_CHECKING:
-    from gpunode.common.kube import Kube
-    from gpunode.device_plugin.config import PluginConfig
+    from gpunode.api.plugin_config import PluginConfig
+    from gpunode.kube.client import Kube
 
 from gpunode.nvml.api import EVENT_DBE, EVENT_MIG_CONFIG, EVENT_SBE, EVENT_XID, EventKind, GpuInfo, Nvml
 
@@ -809,7 +809,7 @@ class DevicePlugin:
 
     async def _node_watch(self) -> None:
         """The node's label (and our annotations on it), from one watch that survives API outages."""
-        from gpunode.common.kube import KubeError
+        from gpunode.kube.api import KubeError
 
         d = self.opts.config_dir
         assert self.kube is not None
@@ -845,7 +845,7 @@ class DevicePlugin:
 
     async def _config_reporter(self) -> None:
         """Write the wanted annotations when they differ from what the node carries; retry failures."""
-        from gpunode.common.kube import KubeError
+        from gpunode.kube.api import KubeError
 
         assert self.kube is not None
         backoff = Backoff(first=0.5, cap=30.0)

@@ -52,13 +52,11 @@ loader nothing.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import math
-import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -67,12 +65,20 @@ from gpunode.common.cli import FlagSet, add_kube_flags, parse_bool, parse_durati
 from gpunode.common.errors import UsageError
 from gpunode.common.logging import get_logger
 from gpunode.driver_loader.ops import DriverInUse, DriverOps
+from gpunode.kube.api import KubeConflict, KubeError, KubeForbidden, KubeUnavailable, PodInfo
+from gpunode.kube.drain import PodDecision, decide_pod, is_gpu_pod, plan_drain
+from gpunode.kube.operands import (
+    DEPLOY_PREFIX,
+    LabelOperand,
+    Operand,
+    OperandPauser,
+    OperandsBusy,
+    OperandsNotStopped,
+)
+from gpunode.kube.selectors import LabelSelector, is_label_key
 
 if TYPE_CHECKING:
-    from gpunode.common.kube import Kube, PodInfo
-    from gpunode.common.operands import Operand, OperandPauser
-
-    DRIVER_OPERANDS: tuple[Operand, ...]
+    from gpunode.kube.client import Kube
 
 __all__ = [
     "DRIVER_OPERANDS",
@@ -81,20 +87,14 @@ __all__ = [
     "PAUSE_REASON",
     "PRE_INSTALLED",
     "RECORD_ANNOTATION",
-    "DrainPlan",
     "DriverUpgrade",
-    "LabelSelector",
     "Outcome",
-    "PodDecision",
     "UpgradeFailed",
     "UpgradeOptions",
     "UpgradeRecord",
     "add_upgrade_flags",
-    "decide_pod",
     "driver_operands",
-    "is_gpu_pod",
     "parse_duration",
-    "plan_drain",
     "run_upgrade",
 ]
 
@@ -106,7 +106,6 @@ DRIVER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.driver"
 PRE_INSTALLED = "pre-installed"
 UPGRADE_CONTROLLER_ANNOTATION = "nvidia.com/gpu-driver-upgrade-enabled"
 UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
-GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
 DEFAULT_DRAIN_TIMEOUT = 300.0
 DEFAULT_OPERAND_TIMEOUT = 300.0
 
@@ -138,217 +137,24 @@ DRIVER_OPERAND_PODS: tuple[tuple[str, tuple[Mapping[str, str], ...]], ...] = (
 def driver_operands(extra_label: str = "") -> tuple[Operand, ...]:
     """The operands paused for a driver upgrade, plus ``extra_label`` (``NODE_LABEL_FOR_GPU_POD_EVICTION``:
     any node label key, paused and restored like a deploy label)."""
-    from gpunode.common.operands import DEPLOY_PREFIX, Operand
-
     operands: list[Operand] = [Operand(name, tuple(pods)) for name, pods in DRIVER_OPERAND_PODS]
     if extra_label and extra_label not in {o.label for o in operands}:
         if extra_label.startswith(DEPLOY_PREFIX):
             operands.append(Operand(extra_label[len(DEPLOY_PREFIX) :]))
         else:
-            operands.append(_label_operand(extra_label))
+            operands.append(LabelOperand(name=extra_label, key=extra_label))
     return tuple(operands)
 
 
-@functools.cache
-def _label_operand_class() -> Any:
-    from gpunode.common.operands import Operand
-
-    @dataclass(frozen=True)
-    class LabelOperand(Operand):
-        """An operand whose node label is any key, not ``nvidia.com/gpu.deploy.<name>``."""
-
-        key: str = ""
-
-        @property
-        def label(self) -> str:
-            return self.key
-
-    return LabelOperand
+DRIVER_OPERANDS = driver_operands()
 
 
-def _label_operand(key: str) -> Operand:
-    operand: Operand = _label_operand_class()(name=key, key=key)
-    return operand
-
-
-def __getattr__(name: str) -> Any:
-    # DRIVER_OPERANDS is built on first use: Operand lives beside the Kubernetes client, which the
-    # driver loader must not pay for unless an upgrade runs.
-    if name == "DRIVER_OPERANDS":
-        return driver_operands()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _pod_selector(text: str) -> LabelSelector:
+    """``DRAIN_POD_SELECTOR_LABEL``: a label selector without the integer compares ``>`` / ``<``."""
+    return LabelSelector.parse(text, numeric=False)
 
 
 # ============================================================================================ pure parts
-_LABEL_KEY = re.compile(
-    r"(?:[A-Za-z0-9](?:[-A-Za-z0-9.]{0,251}[A-Za-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-)
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
-_SET_TERM = re.compile(r"^(\S+)\s+(in|notin)\s*\((.*)\)$")
-_COMPARE_TERM = re.compile(r"^([^=!\s]+)\s*(==|=|!=)\s*(\S*)$")
-
-SelectorOp = Literal["=", "!=", "in", "notin", "exists", "!exists"]
-
-
-@dataclass(frozen=True)
-class LabelSelector:
-    """A Kubernetes label selector (``DRAIN_POD_SELECTOR_LABEL``, kubectl drain's ``--pod-selector``):
-    ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``, ``!a``, comma-separated (AND).
-    The empty selector selects every pod."""
-
-    text: str = ""
-    terms: tuple[tuple[str, SelectorOp, frozenset[str]], ...] = ()
-
-    @classmethod
-    def parse(cls, text: str) -> LabelSelector:
-        """The selector, or ``ValueError`` naming the term that cannot be read."""
-        terms: list[tuple[str, SelectorOp, frozenset[str]]] = []
-        for term in _split_selector(text):
-            if not term:
-                raise ValueError(f"empty term in label selector {text!r}")
-            if match := _SET_TERM.match(term):
-                key, word, inner = match.groups()
-                values = frozenset(v.strip() for v in inner.split(","))
-                if not all(v and _LABEL_VALUE.fullmatch(v) for v in values):
-                    raise ValueError(f"invalid value list in label selector term {term!r}")
-                terms.append((_key(key, term), "in" if word == "in" else "notin", values))
-            elif match := _COMPARE_TERM.match(term):
-                key, op, value = match.groups()
-                if not _LABEL_VALUE.fullmatch(value):
-                    raise ValueError(f"invalid value {value!r} in label selector term {term!r}")
-                terms.append((_key(key, term), "!=" if op == "!=" else "=", frozenset({value})))
-            elif term.startswith("!"):
-                terms.append((_key(term[1:].strip(), term), "!exists", frozenset()))
-            else:
-                terms.append((_key(term, term), "exists", frozenset()))
-        return cls(text.strip(), tuple(terms))
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        for key, op, values in self.terms:
-            value = labels.get(key)
-            ok = {
-                "=": value is not None and value in values,
-                "in": value is not None and value in values,
-                "!=": value is None or value not in values,
-                "notin": value is None or value not in values,
-                "exists": value is not None,
-                "!exists": value is None,
-            }[op]
-            if not ok:
-                return False
-        return True
-
-
-def _split_selector(text: str) -> list[str]:
-    if not text.strip():
-        return []
-    terms: list[str] = []
-    current, depth = "", 0
-    for ch in text:
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth < 0:
-            raise ValueError(f"unbalanced ')' in label selector {text!r}")
-        if ch == "," and depth == 0:
-            terms.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    if depth:
-        raise ValueError(f"unbalanced '(' in label selector {text!r}")
-    return [*terms, current.strip()]
-
-
-def _key(key: str, term: str) -> str:
-    if not _LABEL_KEY.fullmatch(key):
-        raise ValueError(f"invalid label key {key!r} in label selector term {term!r}")
-    return key
-
-
-def is_gpu_pod(pod: PodInfo) -> bool:
-    """Whether a pod requests (or limits) ``nvidia.com/gpu*`` or ``nvidia.com/mig-*``, as NVIDIA's filter."""
-    return any(name.startswith(GPU_RESOURCE_PREFIXES) for name in pod.requests)
-
-
-PodAction = Literal["evict", "wait", "ignore", "block"]
-
-
-@dataclass(frozen=True)
-class PodDecision:
-    """What a drain does with one pod: evict it, wait for it (already terminating), leave it (ignore:
-    DaemonSet or static pod) or refuse to go on (block), and why."""
-
-    pod: PodInfo
-    action: PodAction
-    why: str
-
-    def __str__(self) -> str:
-        return f"{self.pod.key} ({self.why})"
-
-
-def decide_pod(pod: PodInfo, *, force: bool, delete_emptydir_data: bool) -> PodDecision:
-    """kubectl drain's rules for one pod (with ``--ignore-daemonsets``)."""
-    controller = next((o for o in pod.owners if o.controller), None)
-    if controller is not None and controller.kind == "DaemonSet":
-        return PodDecision(pod, "ignore", f"DaemonSet {controller.name}: its controller would put it back")
-    if controller is not None and controller.kind == "Node":
-        return PodDecision(pod, "ignore", "static pod: the kubelet runs it from a file, it cannot be evicted")
-    if pod.deleting:
-        return PodDecision(pod, "wait", "already terminating")
-    if pod.phase in ("Succeeded", "Failed"):
-        return PodDecision(pod, "evict", f"finished ({pod.phase})")
-    if controller is None and not force:
-        return PodDecision(
-            pod,
-            "block",
-            "not managed by a controller, so nothing recreates it: DRAIN_USE_FORCE=true evicts it",
-        )
-    volumes = pod.empty_dirs
-    if volumes and not delete_emptydir_data:
-        return PodDecision(
-            pod,
-            "block",
-            f"emptyDir volume(s) {', '.join(volumes)} would lose their data: "
-            "DRAIN_DELETE_EMPTYDIR_DATA=true evicts it",
-        )
-    if controller is None:
-        return PodDecision(pod, "evict", "not managed by a controller (DRAIN_USE_FORCE)")
-    return PodDecision(pod, "evict", f"{controller.kind} {controller.name}")
-
-
-@dataclass(frozen=True)
-class DrainPlan:
-    evict: tuple[PodInfo, ...] = ()
-    wait: tuple[PodInfo, ...] = ()
-    blocked: tuple[PodDecision, ...] = ()
-    ignored: tuple[PodDecision, ...] = ()
-
-    @property
-    def targets(self) -> tuple[PodInfo, ...]:
-        """The pods that must be gone for the drain to be done."""
-        return self.evict + self.wait
-
-
-def plan_drain(
-    pods: Iterable[PodInfo],
-    *,
-    select: Callable[[PodInfo], bool],
-    force: bool,
-    delete_emptydir_data: bool,
-) -> DrainPlan:
-    """Sort the selected pods by :func:`decide_pod`; pods not selected are not part of the plan."""
-    by: dict[PodAction, list[PodDecision]] = {"evict": [], "wait": [], "ignore": [], "block": []}
-    for pod in sorted(pods, key=lambda p: p.key):
-        if select(pod):
-            decision = decide_pod(pod, force=force, delete_emptydir_data=delete_emptydir_data)
-            by[decision.action].append(decision)
-    return DrainPlan(
-        evict=tuple(d.pod for d in by["evict"]),
-        wait=tuple(d.pod for d in by["wait"]),
-        blocked=tuple(by["block"]),
-        ignored=tuple(by["ignore"]),
-    )
-
-
 @dataclass(frozen=True)
 class UpgradeRecord:
     """The node annotation ``nvidia.com/gpunode.driver-upgrade``: an upgrade in progress."""
@@ -397,7 +203,7 @@ class UpgradeOptions:
         selector = str(values.get("drain_pod_selector_label") or "")
         label = str(values.get("node_label_for_gpu_pod_eviction") or "")
         try:
-            LabelSelector.parse(selector)
+            _pod_selector(selector)
             if label:
                 _label_key(label)
             options = cls(
@@ -451,13 +257,13 @@ def _as_seconds(value: Any, default: float) -> float:
 
 def _label_key(text: str) -> str:
     key = text.strip()
-    if not _LABEL_KEY.fullmatch(key):
+    if not is_label_key(key):
         raise ValueError(f"{text!r} is not a valid node label key (like example.com/gpu-workload)")
     return key
 
 
 def _selector_text(text: str) -> str:
-    LabelSelector.parse(text)
+    _pod_selector(text)
     return text.strip()
 
 
@@ -604,14 +410,12 @@ class DriverUpgrade:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        from gpunode.common.operands import OperandPauser
-
         self.kube = kube
         self.ops = ops
         self.options = options or UpgradeOptions()
         self.operands = driver_operands(self.options.eviction_label)
         self.pauser = pauser or OperandPauser(kube, OWNER, operands=self.operands, poll=self.options.poll)
-        self.selector = LabelSelector.parse(self.options.drain_pod_selector)
+        self.selector = _pod_selector(self.options.drain_pod_selector)
         self.clock = clock
         self.sleep = sleep
         self.log = get_logger("gpunode.driver_loader.upgrade")
@@ -624,8 +428,6 @@ class DriverUpgrade:
     # -- the run ---------------------------------------------------------------------------------------
     async def run(self) -> Outcome:
         """Recover, decide, act; never raises but for cancellation (after cleaning up)."""
-        from gpunode.common.kube import KubeError
-
         began = self.clock()
         self._started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.log.info("driver_upgrade_started", node=self.kube.node_name, **self.options.summary())
@@ -664,8 +466,6 @@ class DriverUpgrade:
         except KubeError as exc:
             return self._failed(str(exc), self.step, began, recovered)
         except Exception as exc:  # the top of the task: report, never crash with a traceback only
-            from gpunode.common.operands import OperandsBusy, OperandsNotStopped
-
             if isinstance(exc, OperandsNotStopped | OperandsBusy):
                 return self._failed(str(exc), self.step, began, recovered)
             self.log.error("driver_upgrade_error", step=self.step, error=str(exc), exc_info=True)
@@ -699,8 +499,6 @@ class DriverUpgrade:
 
     async def _first_contact(self, fn: Callable[[], Awaitable[bool]]) -> bool:
         """The API server may still be coming up (a node boot): wait for it, within ``api_wait``."""
-        from gpunode.common.kube import KubeUnavailable
-
         delay, deadline = 1.0, self.clock() + self.options.api_wait
         while True:
             try:
@@ -756,8 +554,6 @@ class DriverUpgrade:
         )
 
     async def _cordon(self) -> None:
-        from gpunode.common.kube import KubeConflict
-
         if self._cordoned:
             return
         for _ in range(5):
@@ -855,8 +651,6 @@ class DriverUpgrade:
     async def _drain(self, step: str, what: str, select: Callable[[PodInfo], bool]) -> None:
         """Evict the selected pods and wait until they are gone; :class:`_PodsInTheWay` when some may
         not be evicted (nothing evicted then) or outlive the drain timeout."""
-        from gpunode.common.kube import KubeError, KubeForbidden, KubeUnavailable
-
         pods = await self.kube.list_pods()
         plan = plan_drain(
             pods,
@@ -1036,7 +830,7 @@ async def run_upgrade(values: Mapping[str, Any], ops: DriverOps) -> int:
     0 done (or nothing to do), 1 failed (the reason on stderr and in the logs), 2 usage error."""
     try:
         options = UpgradeOptions.from_values(values)
-        from gpunode.common.kube import Kube
+        from gpunode.kube.client import Kube
 
         kube = Kube.connect(
             values.get("node_name"),

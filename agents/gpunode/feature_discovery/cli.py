@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 def connect_kube(values: Mapping[str, Any]) -> Any:
     """The API client (for --use-node-feature-api, or a config directory chosen by node label); the
     Kubernetes client is imported only here. Exit 2 without a node name or credentials."""
-    from gpunode.common.kube import Kube
+    from gpunode.kube.client import Kube
 
     return Kube.connect(
         values["node_name"],

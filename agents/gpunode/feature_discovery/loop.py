@@ -27,7 +27,7 @@ from gpunode.feature_discovery.output import FeatureFile, NodeFeatureOutput, Out
 from gpunode.nvml import errors
 
 if TYPE_CHECKING:
-    from gpunode.common.kube import Kube
+    from gpunode.kube.client import Kube
 from gpunode.nvml.api import EVENT_MIG_CONFIG, EVENT_XID, EventKind, Nvml
 
 AGENT = "feature-discovery"
@@ -317,7 +317,7 @@ class FeatureDiscovery:
     async def _first_config(self, d: ConfigDir) -> None:
         """The label's config before the first pass; the default chain when the API server is away."""
         if self.kube is not None:
-            from gpunode.common.kube import KubeError
+            from gpunode.kube.api import KubeError
 
             try:
                 async with asyncio.timeout(self.kube.timeout * 2):
@@ -384,7 +384,7 @@ class FeatureDiscovery:
             self.metrics.count_error("config-selection")
 
     async def _follow_label(self, d: ConfigDir) -> None:
-        from gpunode.common.kube import KubeError
+        from gpunode.kube.api import KubeError
 
         assert self.kube is not None
         while True:

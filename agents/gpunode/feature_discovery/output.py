@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 from gpunode.common.atomic import atomic_write
 
 if TYPE_CHECKING:  # the Kubernetes client loads only when the NodeFeature API is in use
-    from gpunode.common.kube import Kube, OwnerRef
+    from gpunode.kube.api import OwnerRef
+    from gpunode.kube.client import Kube
 
 DEFAULT_OUTPUT = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
 MAX_FILE_BYTES = 65536  # NFD ignores larger feature files
@@ -105,7 +106,7 @@ class NodeFeatureOutput:
         none outside a pod. Looked up once; a failed lookup is a warning, not an error."""
         if self._owners is not None:
             return self._owners
-        from gpunode.common.kube import KubeError, KubeUnavailable, OwnerRef
+        from gpunode.kube.api import KubeError, KubeUnavailable, OwnerRef
 
         if not self.pod_name:
             self._owners = ()
@@ -123,7 +124,7 @@ class NodeFeatureOutput:
         return self._owners
 
     async def write(self, labels: Mapping[str, str]) -> bool:
-        from gpunode.common.kube import KubeError
+        from gpunode.kube.api import KubeError
 
         try:
             outcome = await self.kube.put_node_feature(

@@ -1,19 +1,20 @@
-"""The Kubernetes API for every agent: the only module that imports the client (lightkube).
+"""The Kubernetes API for every agent: the only module that imports the client (lightkube, httpx2).
 
 Agents talk to the API server about their own node and little else: read and merge-patch its labels and
 annotations, watch it, cordon it, list / delete / evict the pods on it, and keep one NodeFeature object.
-:class:`Kube` does exactly that and hands back small frozen dataclasses (:class:`NodeInfo`,
-:class:`PodInfo`), so no other module sees a lightkube type and swapping the client stays a one-file
-change (DESIGN.md, library choices).
+:class:`Kube` does exactly that and hands back the small frozen dataclasses of :mod:`gpunode.kube.api`
+(:class:`~gpunode.kube.api.NodeInfo`, :class:`~gpunode.kube.api.PodInfo`), so no other module sees a
+lightkube type and swapping the client stays a one-file change (DESIGN.md, library choices).
 
 Every call has a timeout, and calls that fail for transient reasons (connection refused or reset, a
 timeout, HTTP 429 / 5xx) are retried with exponential backoff and full jitter. What still fails becomes
-a :class:`KubeError` carrying the HTTP status; 403 becomes :class:`KubeForbidden`, whose message names
-the verb and resource to grant. :attr:`Kube.available` tells readiness checks whether the API server
-answered the last call.
+a :class:`~gpunode.kube.api.KubeError` carrying the HTTP status; 403 becomes
+:class:`~gpunode.kube.api.KubeForbidden`, whose message names the verb and resource to grant.
+:attr:`Kube.available` tells readiness checks whether the API server answered the last call.
 
 Import this module only where the API is used: lightkube costs start-up time and memory that an agent
-running without Kubernetes should not pay.
+running without Kubernetes should not pay. Types and errors come from :mod:`gpunode.kube.api`, which
+costs nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import os
 import random
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -45,132 +45,30 @@ from lightkube.types import PatchType
 
 from gpunode.common.errors import UsageError
 from gpunode.common.logging import get_logger
+from gpunode.kube.api import (
+    NODE_FEATURE_GROUP,
+    KubeConflict,
+    KubeError,
+    KubeForbidden,
+    KubeNotFound,
+    KubeUnavailable,
+    NodeInfo,
+    OwnerRef,
+    PodInfo,
+    require_node_name,
+)
 
-__all__ = [
-    "NODE_FEATURE_GROUP",
-    "Kube",
-    "KubeConflict",
-    "KubeError",
-    "KubeForbidden",
-    "KubeNotFound",
-    "KubeUnavailable",
-    "NodeInfo",
-    "OwnerRef",
-    "PodInfo",
-    "load_kubeconfig",
-    "require_node_name",
-]
+__all__ = ["SERVICE_ACCOUNT_DIR", "Kube", "NodeFeature", "load_kubeconfig"]
 
 T = TypeVar("T")
 
-NODE_FEATURE_GROUP = "nfd.k8s-sigs.io"
 NodeFeature = create_namespaced_resource(NODE_FEATURE_GROUP, "v1alpha1", "NodeFeature", "nodefeatures")
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
-# -- errors ----------------------------------------------------------------------------------------------
-class KubeError(Exception):
-    """An API call that failed; ``status`` is the HTTP status (None when no answer came)."""
-
-    def __init__(
-        self, verb: str, resource: str, message: str, *, status: int | None = None, reason: str = ""
-    ) -> None:
-        self.verb = verb
-        self.resource = resource
-        self.status = status
-        self.reason = reason
-        self.message = message
-        super().__init__(verb, resource, message, status)
-
-    def __str__(self) -> str:
-        code = f"HTTP {self.status}" if self.status is not None else "no answer"
-        return (
-            f"{self.verb} {self.resource}: {code}{' ' + self.reason if self.reason else ''}: {self.message}"
-        )
-
-
-class KubeNotFound(KubeError):
-    """404: the object is not there."""
-
-
-class KubeConflict(KubeError):
-    """409: it already exists, or it changed since it was read."""
-
-
-class KubeForbidden(KubeError):
-    """403: the service account lacks a permission; the message says which one to grant."""
-
-    def __init__(
-        self, verb: str, resource: str, message: str, *, group: str = "", namespace: str = ""
-    ) -> None:
-        super().__init__(verb, resource, message, status=403, reason="Forbidden")
-        self.group = group
-        self.namespace = namespace
-
-    def __str__(self) -> str:
-        where = f' in namespace "{self.namespace}"' if self.namespace else ""
-        return (
-            f"forbidden to {self.verb} {self.resource}{where}: grant the agent's service account the verb "
-            f'"{self.verb}" on resource "{self.resource}" (apiGroups: ["{self.group}"]) '
-            f"in its ClusterRole/Role; the API server said: {self.message}"
-        )
-
-
-class KubeUnavailable(KubeError):
-    """The API server could not be reached, timed out or kept answering 429 / 5xx."""
-
-
-# -- what callers see ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OwnerRef:
-    api_version: str
-    kind: str
-    name: str
-    uid: str
-    controller: bool = False
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    name: str
-    labels: Mapping[str, str]
-    annotations: Mapping[str, str]
-    unschedulable: bool
-    resource_version: str
-
-
-@dataclass(frozen=True)
-class PodInfo:
-    namespace: str
-    name: str
-    uid: str
-    node_name: str
-    labels: Mapping[str, str]
-    phase: str
-    deleting: bool  # deletionTimestamp is set: on its way out
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    owners: tuple[OwnerRef, ...] = ()
-    requests: frozenset[str] = frozenset()  # extended resources any container requests or limits
-    empty_dirs: tuple[str, ...] = ()  # names of its emptyDir volumes (data lost when it is evicted)
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
 # -- configuration ---------------------------------------------------------------------------------------
-def require_node_name(name: str | None) -> str:
-    """The node name agents need for the API; a :class:`UsageError` (exit 2) explaining NODE_NAME."""
-    if not name:
-        raise UsageError(
-            "no node name: set --node-name or the NODE_NAME environment variable (in a DaemonSet, "
-            "from the downward API: env NODE_NAME valueFrom fieldRef fieldPath spec.nodeName)"
-        )
-    return name
-
-
 def load_kubeconfig(path: str | None, *, service_account: str = SERVICE_ACCOUNT_DIR) -> KubeConfig:
     """``--kubeconfig`` / ``KUBECONFIG`` when given (the first existing file of a ``:``-separated list),
     otherwise the pod's service account; a :class:`UsageError` (exit 2) naming what is missing."""

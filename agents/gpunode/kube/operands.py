@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from gpunode.common.kube import KubeConflict
 from gpunode.common.logging import get_logger
+from gpunode.kube.api import KubeConflict
 
 __all__ = [
     "DEFAULT_OPERANDS",
     "DEPLOY_PREFIX",
     "RECORD_ANNOTATION",
+    "LabelOperand",
     "Operand",
     "OperandPauser",
     "OperandsBusy",
@@ -64,6 +65,17 @@ class Operand:
     @property
     def label(self) -> str:
         return DEPLOY_PREFIX + self.name
+
+
+@dataclass(frozen=True)
+class LabelOperand(Operand):
+    """An operand whose node label is any key, not ``nvidia.com/gpu.deploy.<name>``."""
+
+    key: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.key
 
 
 # The operands the GPU Operator's MIG manager pauses, with the pod labels of NVIDIA's DaemonSets and of
@@ -199,7 +211,7 @@ def pods_in_the_way(pods: Sequence[Any], operands: Sequence[Operand]) -> list[st
     return sorted(out)
 
 
-# -- the API calls this module needs (satisfied by gpunode.common.kube.Kube) ----------------------------
+# -- the API calls this module needs (satisfied by gpunode.kube.client.Kube) ----------------------------
 class NodeLike(Protocol):
     @property
     def labels(self) -> Mapping[str, str]: ...

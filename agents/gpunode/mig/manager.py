@@ -3,7 +3,7 @@
 What NVIDIA's k8s-mig-manager does (shared/reference/mig.md §3), with its traps closed (§6):
 
 * **Kubernetes mode.** At start the manager finishes an operand pause an earlier run left behind
-  (:meth:`~gpunode.common.operands.OperandPauser.recover`), then handles the node's current label
+  (:meth:`~gpunode.kube.operands.OperandPauser.recover`), then handles the node's current label
   (always: Hopper forgets its MIG mode at reboot), every change of it, every ``--reassert-interval``
   (a failed config is retried and a lost layout put back without anyone flipping the label) and every
   SIGHUP (which also re-reads the config file).
@@ -55,8 +55,9 @@ from gpunode.mig.spec import MigEntry, MigSpec, SelectionError, load_spec
 from gpunode.nvml import errors as nvml_errors
 
 if TYPE_CHECKING:
-    from gpunode.common.kube import Kube, NodeInfo
-    from gpunode.common.operands import OperandPauser
+    from gpunode.kube.api import NodeInfo
+    from gpunode.kube.client import Kube
+    from gpunode.kube.operands import OperandPauser
     from gpunode.nvml.api import Nvml
 
 __all__ = [
@@ -725,7 +726,7 @@ class KubeSource:
 
     async def start(self, manager: MigManager) -> None:
         """Finish a pause an earlier run left, then read the label; the API server is waited for."""
-        from gpunode.common.kube import KubeUnavailable
+        from gpunode.kube.api import KubeUnavailable
 
         backoff = Backoff(1.0, 30.0)
         while True:
@@ -787,8 +788,8 @@ class FileSource:
 def connect_kube(values: Mapping[str, Any]) -> tuple[Kube, OperandPauser]:
     """The API client and the operand pauser (UsageError, exit 2, without a node name or credentials).
     The Kubernetes client is imported only here: bare-metal mode never loads it."""
-    from gpunode.common.kube import Kube
-    from gpunode.common.operands import DEFAULT_OPERANDS, Operand, OperandPauser
+    from gpunode.kube.client import Kube
+    from gpunode.kube.operands import DEFAULT_OPERANDS, Operand, OperandPauser
 
     kube = Kube.connect(
         values.get("node_name"),

@@ -676,7 +676,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if v["kubeconfig"] and v["node_name"]:
 
         async def labels() -> Mapping[str, str]:
-            from gpunode.common.kube import Kube
+            from gpunode.kube.client import Kube
 
             kube = Kube.connect(v["node_name"], v["kubeconfig"], timeout=5.0, attempts=1)
             try:

@@ -23,9 +23,6 @@ from typing import Any
 import pytest
 
 from gpunode.common.cli import FlagSet, add_common_flags
-from gpunode.common.kube import Kube, load_kubeconfig
-from gpunode.common.operands import RECORD_ANNOTATION as PAUSE_ANNOTATION
-from gpunode.common.operands import PauseRecord
 from gpunode.driver_loader.ops import DriverInUse, DriverUser
 from gpunode.driver_loader.upgrade import (
     OWNER,
@@ -37,7 +34,10 @@ from gpunode.driver_loader.upgrade import (
     add_upgrade_flags,
     run_upgrade,
 )
-from gpunode.testing.fake_apiserver import FakeApiServer
+from gpunode.kube.client import Kube, load_kubeconfig
+from gpunode.kube.operands import RECORD_ANNOTATION as PAUSE_ANNOTATION
+from gpunode.kube.operands import PauseRecord
+from gpunode.sim.apiserver import FakeApiServer
 
 NODE = "node-1"
 NS = "gpu-operator"
@@ -582,7 +582,7 @@ async def test_the_next_run_finishes_a_crashed_one_before_anything_else(
 CRASHER = textwrap.dedent(
     """
     import asyncio, sys
-    from gpunode.common.kube import Kube, load_kubeconfig
+    from gpunode.kube.client import Kube, load_kubeconfig
     from gpunode.driver_loader.upgrade import DriverUpgrade, UpgradeOptions
 
     class Ops:

@@ -1,4 +1,4 @@
-"""gpunode.common.kube over real HTTP: the own node, its watch, pods, NodeFeatures, retries and errors."""
+"""gpunode.kube.client over real HTTP: the own node, its watch, pods, NodeFeatures, retries and errors."""
 
 from __future__ import annotations
 
@@ -11,16 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpunode.common.kube import (
-    Kube,
-    KubeConflict,
-    KubeForbidden,
-    KubeNotFound,
-    KubeUnavailable,
-    NodeInfo,
-    load_kubeconfig,
-)
-from gpunode.testing.fake_apiserver import FakeApiServer
+from gpunode.kube.api import KubeConflict, KubeForbidden, KubeNotFound, KubeUnavailable, NodeInfo
+from gpunode.kube.client import Kube, load_kubeconfig
+from gpunode.sim.apiserver import FakeApiServer
 
 NODE = "node-1"  # the test API server's node (conftest.py)
 TEST_KEY = "test.gpunode.io/kube-client"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.common.kube import Kube, load_kubeconfig
-from gpunode.common.operands import RECORD_ANNOTATION, OperandPauser, OperandsBusy, OperandsNotStopped
-from gpunode.testing.fake_apiserver import FakeApiServer
+from gpunode.kube.client import Kube, load_kubeconfig
+from gpunode.kube.operands import RECORD_ANNOTATION, OperandPauser, OperandsBusy, OperandsNotStopped
+from gpunode.sim.apiserver import FakeApiServer
 
 NODE = "node-1"
 NS = "gpu-operator"
@@ -188,8 +188,8 @@ async def test_a_second_agent_waits_for_the_first(cluster: FakeApiServer, tmp_pa
 CRASHER = textwrap.dedent(
     """
     import asyncio, sys
-    from gpunode.common.kube import Kube, load_kubeconfig
-    from gpunode.common.operands import OperandPauser
+    from gpunode.kube.client import Kube, load_kubeconfig
+    from gpunode.kube.operands import OperandPauser
 
     async def main():
         kube = Kube("node-1", load_kubeconfig(sys.argv[1]))

@@ -1,162 +1,23 @@
-"""The driver manager, the pure parts: which pods count as GPU pods, what a drain does with each pod,
-durations, label selectors, the record, the operand set and the flags."""
+"""The driver manager, the pure parts: durations, the record, the operand set and the flags.
+(The drain rules and label selectors are tested with gpunode.kube, in tests/unit/kube.)"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from gpunode.common.cli import FlagSet, add_common_flags
 from gpunode.common.errors import UsageError
-from gpunode.common.kube import OwnerRef, PodInfo
-from gpunode.common.operands import Operand
 from gpunode.driver_loader.upgrade import (
     DRIVER_OPERAND_PODS,
-    LabelSelector,
     UpgradeOptions,
     UpgradeRecord,
     add_upgrade_flags,
-    decide_pod,
     driver_operands,
-    is_gpu_pod,
     parse_duration,
-    plan_drain,
 )
-
-
-@dataclass(frozen=True)
-class PodWithVolumes(PodInfo):
-    """A PodInfo that knows its emptyDir volumes (the attribute decide_pod reads when present)."""
-
-    empty_dirs: tuple[str, ...] = ()
-
-
-def pod(
-    name: str = "p",
-    *,
-    requests: tuple[str, ...] = (),
-    owner: str | None = "ReplicaSet",
-    controller: bool = True,
-    phase: str = "Running",
-    deleting: bool = False,
-    labels: dict[str, str] | None = None,
-    empty_dirs: tuple[str, ...] | None = None,
-) -> PodInfo:
-    owners = (OwnerRef("apps/v1", owner, f"{name}-owner", "uid-o", controller),) if owner else ()
-    fields: dict[str, Any] = {
-        "namespace": "ns",
-        "name": name,
-        "uid": f"uid-{name}",
-        "node_name": "node-1",
-        "labels": labels or {},
-        "phase": phase,
-        "deleting": deleting,
-        "owners": owners,
-        "requests": frozenset(requests),
-    }
-    if empty_dirs is None:
-        return PodInfo(**fields)
-    return PodWithVolumes(**fields, empty_dirs=empty_dirs)
-
-
-# -- GPU pods ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("requests", "gpu"),
-    [
-        pytest.param(("nvidia.com/gpu",), True, id="whole-gpu"),
-        pytest.param(("nvidia.com/gpu.shared",), True, id="time-sliced-renamed"),
-        pytest.param(("nvidia.com/mig-1g.5gb",), True, id="mig-mixed"),
-        pytest.param(("nvidia.com/mig-3g.20gb.shared",), True, id="mig-shared"),
-        pytest.param(("example.com/fpga", "nvidia.com/gpu"), True, id="one-of-several"),
-        pytest.param((), False, id="cpu-only"),
-        pytest.param(("amd.com/gpu",), False, id="other-vendor"),
-        pytest.param(("gpu.intel.com/i915",), False, id="intel"),
-        pytest.param(("nvidia.com/GA100_A100_PCIE_40GB",), False, id="vfio-passthrough-name"),
-        pytest.param(("nvidia.com/hostdev",), False, id="nvidia-non-gpu"),
-        pytest.param(("example.com/nvidia.com/gpu",), False, id="prefix-only-at-start"),
-    ],
-)
-def test_gpu_pods_are_those_requesting_gpus_or_mig_devices(requests: tuple[str, ...], gpu: bool) -> None:
-    assert is_gpu_pod(pod(requests=requests)) is gpu
-
-
-# -- what a drain does with a pod ------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("kwargs", "force", "emptydir_ok", "action", "why"),
-    [
-        pytest.param({}, False, False, "evict", "ReplicaSet p-owner", id="replicaset"),
-        pytest.param({"owner": "Job"}, False, False, "evict", "Job p-owner", id="job"),
-        pytest.param({"owner": "DaemonSet"}, True, True, "ignore", "DaemonSet", id="daemonset-never"),
-        pytest.param(
-            {"owner": "DaemonSet", "deleting": True},
-            False,
-            False,
-            "ignore",
-            "DaemonSet",
-            id="daemonset-deleting",
-        ),
-        pytest.param({"owner": "Node"}, True, True, "ignore", "static pod", id="static-pod"),
-        pytest.param({"owner": None}, False, False, "block", "DRAIN_USE_FORCE=true", id="bare-pod"),
-        pytest.param({"owner": None}, True, False, "evict", "not managed", id="bare-pod-force"),
-        pytest.param(
-            {"controller": False}, False, False, "block", "not managed", id="owner-but-no-controller"
-        ),
-        pytest.param(
-            {"owner": None, "phase": "Succeeded"}, False, False, "evict", "finished", id="bare-finished"
-        ),
-        pytest.param({"owner": None, "phase": "Failed"}, False, False, "evict", "finished", id="bare-failed"),
-        pytest.param({"deleting": True}, False, False, "wait", "terminating", id="terminating"),
-        pytest.param(
-            {"owner": None, "deleting": True}, False, False, "wait", "terminating", id="bare-terminating"
-        ),
-        pytest.param(
-            {"empty_dirs": ("scratch",)}, False, False, "block", "DRAIN_DELETE_EMPTYDIR_DATA", id="emptydir"
-        ),
-        pytest.param({"empty_dirs": ("scratch",)}, False, True, "evict", "ReplicaSet", id="emptydir-allowed"),
-        pytest.param(
-            {"owner": None, "empty_dirs": ("a", "b")}, True, False, "block", "a, b", id="bare-emptydir-force"
-        ),
-        pytest.param(
-            {"empty_dirs": ("scratch",), "phase": "Succeeded"},
-            False,
-            False,
-            "evict",
-            "finished",
-            id="emptydir-done",
-        ),
-        pytest.param({"empty_dirs": ()}, False, False, "evict", "ReplicaSet", id="volumes-known-none"),
-    ],
-)
-def test_a_drain_decides_each_pod_as_kubectl_drain(
-    kwargs: dict[str, Any], force: bool, emptydir_ok: bool, action: str, why: str
-) -> None:
-    decision = decide_pod(pod(**kwargs), force=force, delete_emptydir_data=emptydir_ok)
-    assert decision.action == action
-    assert why in decision.why
-    assert str(decision).startswith("ns/p (")
-
-
-def test_a_plan_takes_only_the_selected_pods_sorted() -> None:
-    pods = [
-        pod("z-trainer", requests=("nvidia.com/gpu",)),
-        pod("a-mig", requests=("nvidia.com/mig-1g.5gb",), owner="Job"),
-        pod("web", requests=()),
-        pod("monitor", requests=("nvidia.com/gpu",), owner="DaemonSet"),
-        pod("notebook", requests=("nvidia.com/gpu",), owner=None),
-        pod("leaving", requests=("nvidia.com/gpu",), deleting=True),
-    ]
-    plan = plan_drain(pods, select=is_gpu_pod, force=False, delete_emptydir_data=False)
-    assert [p.name for p in plan.evict] == ["a-mig", "z-trainer"]
-    assert [p.name for p in plan.wait] == ["leaving"]
-    assert [d.pod.name for d in plan.blocked] == ["notebook"]
-    assert [d.pod.name for d in plan.ignored] == ["monitor"]
-    assert [p.name for p in plan.targets] == ["a-mig", "z-trainer", "leaving"]
-
-    everything = plan_drain(pods, select=lambda p: True, force=True, delete_emptydir_data=False)
-    assert [p.name for p in everything.evict] == ["a-mig", "notebook", "web", "z-trainer"]
-    assert everything.blocked == ()
+from gpunode.kube.operands import Operand
 
 
 # -- durations (DRAIN_TIMEOUT_SECONDS) ---------------------------------------------------------------------
@@ -185,39 +46,6 @@ def test_durations_are_seconds_or_go_durations(text: str, seconds: float) -> Non
 def test_bad_durations_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(text)
-
-
-# -- label selectors (DRAIN_POD_SELECTOR_LABEL) ------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("selector", "labels", "matches"),
-    [
-        ("", {}, True),
-        ("app=web", {"app": "web"}, True),
-        ("app=web", {"app": "db"}, False),
-        ("app=web", {}, False),
-        ("app==web", {"app": "web"}, True),
-        ("app!=web", {}, True),
-        ("app!=web", {"app": "web"}, False),
-        ("tier in (a, b)", {"tier": "b"}, True),
-        ("tier in (a,b)", {}, False),
-        ("tier notin (a,b)", {"tier": "c"}, True),
-        ("tier notin (a,b)", {}, True),
-        ("drainable", {"drainable": ""}, True),
-        ("drainable", {}, False),
-        ("!keep", {"keep": "x"}, False),
-        ("!keep", {}, True),
-        ("example.com/drain=yes,tier in (x,y),!keep", {"example.com/drain": "yes", "tier": "y"}, True),
-        ("example.com/drain=yes,tier in (x,y),!keep", {"example.com/drain": "yes", "tier": "z"}, False),
-    ],
-)
-def test_label_selectors(selector: str, labels: dict[str, str], matches: bool) -> None:
-    assert LabelSelector.parse(selector).matches(labels) is matches
-
-
-@pytest.mark.parametrize("selector", ["a=b,", "a in (x", "a in ()", "=b", "a=b=c", "!", "bad key", "a)"])
-def test_bad_label_selectors_are_refused(selector: str) -> None:
-    with pytest.raises(ValueError, match="label selector"):
-        LabelSelector.parse(selector)
 
 
 # -- the record --------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpunode.common.operands import (
+from gpunode.kube.operands import (
     DEFAULT_OPERANDS,
     Operand,
     PauseRecord,
