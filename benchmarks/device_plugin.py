@@ -675,7 +675,7 @@ IMPORT_STEPS = (
     "pydantic",
     "gpunode.common.config",
     "gpunode.common.cli",
-    "gpunode.device_plugin.config",
+    "gpunode.api.plugin_config",
     "gpunode.device_plugin.devices",
     "gpunode.device_plugin.allocation",
     "gpunode.device_plugin.server",
@@ -829,7 +829,7 @@ async def handler_cost(tmp: Path, state: Path, case: Case, config: Path | None, 
     """The plugin's own handler, in this process, without gRPC or a profiler: its share of the RPC."""
     from gpunode.common.logging import configure_logging
     from gpunode.device_plugin.cli import flag_set, settings_loader
-    from gpunode.device_plugin.config import PluginConfig
+    from gpunode.api.plugin_config import PluginConfig
     from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
     from gpunode.device_plugin.server import _Servicer
     from gpunode.nvml import open_nvml

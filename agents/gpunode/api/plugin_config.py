@@ -1,12 +1,13 @@
-"""The device plugin's config file (NVIDIA's ``version: v1`` format) and its effective settings.
+"""The device plugin / feature discovery config file: NVIDIA's ``version: v1`` format, as pydantic models.
 
 The file format is NVIDIA's k8s-device-plugin config, key for key, so GPU Operator ConfigMaps work
 unchanged. Load it with ``load_config(path, PluginConfig)`` (or ``parse_config_text``): every problem is
 reported at once with its YAML path, e.g. ``sharing.timeSlicing.resources[0].replicas: must be at least 2``.
 
-Every flag in the file is optional (``None`` = not written), so that :func:`settings_from_config` can
-apply the precedence flag > environment variable > config file > default: the caller passes the values
-it resolved from flags and environment variables as ``overrides``.
+Every flag in the file is optional (``None`` = not written), so that an agent can apply the precedence
+flag > environment variable > config file > default (the device plugin's
+``gpunode.device_plugin.settings.settings_from_config``). The plain types the models produce (time
+slicing, resource patterns, choices) are in :mod:`gpunode.api.plugin_types`, which needs no pydantic.
 
 Where NVIDIA's plugin parses something and then silently ignores it, this one implements it:
 
@@ -33,55 +34,30 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from gpunode.common.config import ConfigModel
-from gpunode.device_plugin.settings import (
-    ALLOCATION_POLICIES,
-    DEFAULT_CDI_ANNOTATION_PREFIX,
-    DEVICE_ID_STRATEGIES,
-    DEVICE_LIST_STRATEGIES,
-    DISCOVERY_STRATEGIES,
-    MIG_STRATEGIES,
-    RESOURCE_PREFIX,
+from gpunode.api.plugin_types import (
     AllocationPolicy,
     DeviceIdStrategy,
     DeviceSelection,
     DiscoveryStrategy,
     MigStrategy,
-    PluginSettings,
-    ResourcePattern,
     SharedResource,
     TimeSlicing,
-    _parse_devices,
     normalize_resource_name,
     parse_device_list_strategy,
-    settings_from_config,
+    parse_devices,
 )
+from gpunode.common.config import ConfigModel
 
 __all__ = [
-    "ALLOCATION_POLICIES",
-    "DEFAULT_CDI_ANNOTATION_PREFIX",
-    "DEVICE_ID_STRATEGIES",
-    "DEVICE_LIST_STRATEGIES",
-    "DISCOVERY_STRATEGIES",
-    "MIG_STRATEGIES",
-    "RESOURCE_PREFIX",
-    "DeviceSelection",
     "Flags",
     "ImexConfig",
     "PluginConfig",
     "PluginFlags",
-    "PluginSettings",
     "ReplicatedResourceConfig",
     "ReplicatedResourcesConfig",
-    "ResourcePattern",
     "ResourcePatternConfig",
     "ResourcesConfig",
-    "SharedResource",
     "SharingConfig",
-    "TimeSlicing",
-    "normalize_resource_name",
-    "parse_device_list_strategy",
-    "settings_from_config",
 ]
 
 
@@ -176,7 +152,7 @@ class ReplicatedResourceConfig(ConfigModel):
     @field_validator("devices", mode="plain")
     @classmethod
     def _devices(cls, value: object) -> DeviceSelection:
-        return _parse_devices(value)
+        return parse_devices(value)
 
 
 class ReplicatedResourcesConfig(ConfigModel):
@@ -244,3 +220,17 @@ class PluginConfig(ConfigModel):
     @classmethod
     def _empty_version(cls, value: Any) -> Any:
         return "v1" if value in ("", None) else value
+
+    def time_slicing(self) -> TimeSlicing | None:
+        """The effective ``sharing.timeSlicing`` settings; ``None`` when the file sets none."""
+        ts = self.sharing.time_slicing
+        if ts is None:
+            return None
+        return TimeSlicing(
+            rename_by_default=ts.rename_by_default,
+            fail_requests_greater_than_one=bool(ts.fail_requests_greater_than_one),
+            resources=tuple(
+                SharedResource(name=r.name, replicas=r.replicas, devices=r.devices, rename=r.rename)
+                for r in ts.resources
+            ),
+        )

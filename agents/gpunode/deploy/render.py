@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from gpunode import __version__
-from gpunode.deploy.policy import ClusterPolicy, EnvVar
+from gpunode.api.clusterpolicy import ClusterPolicy, EnvVar
 
 __all__ = ["AGENTS", "Agent", "dump_yaml", "image_for", "render", "render_by_agent"]
 

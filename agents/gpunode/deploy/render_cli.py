@@ -15,8 +15,8 @@ import re
 import sys
 from collections.abc import Sequence
 
+from gpunode.api.clusterpolicy import load_policy
 from gpunode.common.errors import ConfigError
-from gpunode.deploy.policy import load_policy
 from gpunode.deploy.render import dump_yaml, images, render, render_by_agent
 
 __all__ = ["main"]

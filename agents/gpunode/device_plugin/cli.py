@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpunode.api.plugin_types import parse_device_list_strategy
 from gpunode.common.cli import (
     FlagSet,
     add_common_flags,
@@ -25,7 +26,7 @@ from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
 from gpunode.device_plugin.health import HealthConfigError, XidPolicy
 from gpunode.device_plugin.plugin import AgentOptions, ConfigDirOptions, DevicePlugin
-from gpunode.device_plugin.settings import PluginSettings, parse_device_list_strategy, settings_from_config
+from gpunode.device_plugin.settings import PluginSettings, settings_from_config
 from gpunode.nvml import check_simulation
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     parsed: Any = flags.parse(argv, env)
     path = parsed.values.get("config_file")
     if path and not Path(path).is_dir():  # only then load pydantic and the file's schema
-        from gpunode.device_plugin.config import PluginConfig
+        from gpunode.api.plugin_config import PluginConfig
 
         parsed = flags.parse(argv, env, config_model=PluginConfig)
     values = parsed.values

@@ -31,12 +31,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from gpunode.device_plugin.settings import (
-    RESOURCE_PREFIX,
-    PluginSettings,
-    ResourcePattern,
-    SharedResource,
-)
+from gpunode.api.plugin_types import RESOURCE_PREFIX, ResourcePattern, SharedResource
+from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import GpuInfo, MigDevice
 
 __all__ = [

@@ -5,9 +5,9 @@ time-slicing replicas, all MIG siblings) Unhealthy at once, which NVIDIA's plugi
 
 Beyond NVIDIA, a GPU recovers: once NVML has answered normally for the hold-down period
 (`--health-recovery-period`, default 5 min; 0 disables recovery) with no new fatal event, it is Healthy
-again. That holds for XIDs that do not need a GPU reset (`RESET_REQUIRED_XIDS` below lists those that do,
-from NVIDIA's XID catalog); a GPU marked for one of those stays Unhealthy until the plugin restarts,
-unless it fell off the bus and came back, which means it was reset or re-attached.
+again. That holds for XIDs that do not need a GPU reset (`RESET_REQUIRED_XIDS` in :mod:`gpunode.nvml.xids`
+lists those that do, from NVIDIA's XID catalog); a GPU marked for one of those stays Unhealthy until the
+plugin restarts, unless it fell off the bus and came back, which means it was reset or re-attached.
 """
 
 from __future__ import annotations
@@ -16,14 +16,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-# Application errors NVIDIA's plugin ignores by default: the GPU itself is fine.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-
-# XIDs after which the GPU needs a reset (or a reboot) before it can be trusted again:
-# 48 double-bit ECC, 63/64 ECC page retirement / row-remapping events, 74 NVLink error,
-# 79 fell off the bus, 92 high single-bit ECC rate, 94/95 contained/uncontained ECC error,
-# 119/120 GSP timeout/error, 123 SPI PMU RPC failure, 140 unrecovered ECC error, 154 recovery action.
-RESET_REQUIRED_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 123, 140, 154})
+from gpunode.nvml.xids import APPLICATION_XIDS, RESET_REQUIRED_XIDS
 
 DEFAULT_RECOVERY_PERIOD_S = 300.0
 

@@ -551,7 +551,7 @@ class DevicePlugin:
         new_config = self.config
         if self.opts.config_file is not None:
             from gpunode.common.config import load_config
-            from gpunode.device_plugin.config import PluginConfig
+            from gpunode.api.plugin_config import PluginConfig
 
             try:
                 new_config = load_config(self.opts.config_file, PluginConfig)
@@ -620,7 +620,7 @@ class DevicePlugin:
         config = None
         if name is not None and data is not None:
             from gpunode.common.config import parse_config_text
-            from gpunode.device_plugin.config import PluginConfig
+            from gpunode.api.plugin_config import PluginConfig
 
             path = str(d.directory / name)
             try:

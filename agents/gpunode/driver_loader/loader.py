@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpunode.api.readiness import CTR_READY, DRIVER_READY
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.logging import get_logger
@@ -77,8 +78,6 @@ from gpunode.driver_loader.modules import (
 )
 from gpunode.driver_loader.ops import DriverInUse, DriverUser
 from gpunode.driver_loader.readiness import (
-    CTR_READY,
-    DRIVER_READY,
     Files,
     InstanceLock,
     LoaderBusy,

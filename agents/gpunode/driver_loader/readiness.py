@@ -1,5 +1,7 @@
 """The files other components read: readiness markers, the config digest, the status report, the lock.
 
+The readiness files' names and text are the shared format of :mod:`gpunode.api.readiness`.
+
 All under the host root, written atomically (temporary file in the same directory, then rename):
 
 ========================================== =============================================================
@@ -29,52 +31,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from gpunode.api.readiness import CTR_READY, DAEMONS_STATUS, DRIVER_READY, ctr_ready_text, driver_ready_text
 from gpunode.common.atomic import atomic_write
 from gpunode.common.hostpaths import HostPaths
 
 __all__ = [
-    "CTR_READY",
-    "DAEMONS_STATUS",
-    "DRIVER_READY",
     "Files",
     "InstanceLock",
     "LoaderBusy",
     "StatusBook",
     "Step",
-    "ctr_ready_text",
-    "driver_ready_text",
     "iso",
     "read_status",
     "render_status",
 ]
 
-CTR_READY = ".driver-ctr-ready"
-DRIVER_READY = "driver-ready"
-DAEMONS_STATUS = ".driver-daemons-status"
-
 StepState = Literal["pending", "running", "done", "failed", "skipped"]
-
-
-def ctr_ready_text(rdma: bool) -> str:
-    return f"GDRCOPY_ENABLED: false\nGDS_ENABLED: false\nGPU_DIRECT_RDMA_ENABLED: {str(rdma).lower()}\n"
-
-
-def driver_ready_text(*, host_driver: bool, driver_root: str) -> str:
-    """The validator's ``driver-ready`` (reference 3.1): roots as seen on the host and in containers.
-
-    A host driver, or ours installed in the host's own ``/``: ``/`` on the host, ``/host`` in containers
-    (where operands mount the host). A driver root elsewhere (``/run/nvidia/driver``) is mounted at the
-    same path. The device nodes we create are in the host's ``/dev``, so the dev root is always ``/``.
-    """
-    root = "/" if host_driver else driver_root
-    ctr = "/host" if root == "/" else root
-    return (
-        f"IS_HOST_DRIVER={str(host_driver).lower()}\n"
-        f"NVIDIA_DRIVER_ROOT={root}\n"
-        f"DRIVER_ROOT_CTR_PATH={ctr}\n"
-        "NVIDIA_DEV_ROOT=/\n"
-        "DEV_ROOT_CTR_PATH=/host\n"
-    )
 
 
 class Files:

@@ -16,32 +16,7 @@ from gpunode.exporter.catalog import MetricSpec
 from gpunode.exporter.counters import Counter
 from gpunode.exporter.podresources import PodRef
 from gpunode.exporter.sampler import GpuSample, MigSample, Snapshot
-
-# The messages of the XIDs users meet most (NVIDIA's XID catalog, abridged).
-XID_MESSAGES = {
-    0: "No Error",
-    8: "GPU stopped processing",
-    13: "Graphics Engine Exception",
-    31: "GPU memory page fault",
-    32: "Invalid or corrupted push buffer stream",
-    43: "GPU stopped processing",
-    45: "Preemptive cleanup, due to previous errors",
-    48: "Double Bit ECC Error",
-    61: "Internal micro-controller breakpoint/warning",
-    62: "Internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    68: "NVDEC0 Exception",
-    69: "Graphics Engine class error",
-    74: "NVLINK Error",
-    79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate",
-    94: "Contained ECC error",
-    95: "Uncontained ECC error",
-    109: "Context Switch Timeout Error",
-    119: "GSP RPC Timeout",
-    120: "GSP Error",
-}
+from gpunode.nvml.xids import xid_message
 
 HEALTH = "gpunode_gpu_health"
 SHARE = "gpunode_mig_instance_sm_share"
@@ -175,7 +150,7 @@ class ExporterCollector:
                     for labels in gpu_labels:
                         fam.add_sample(
                             spec.name,
-                            {**labels, "err_code": str(xid), "err_msg": XID_MESSAGES.get(xid, "Unknown XID")},
+                            {**labels, "err_code": str(xid), "err_msg": xid_message(xid)},
                             float(xid),
                         )
                     continue

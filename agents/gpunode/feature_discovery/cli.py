@@ -6,8 +6,9 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gpunode.api.plugin_types import TimeSlicing
 from gpunode.common.cli import (
     FlagSet,
     add_common_flags,
@@ -21,9 +22,11 @@ from gpunode.common.httpcore import default_listen_host
 from gpunode.common.labelconfig import add_label_config_flags, parse_fallback_strategies
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
-from gpunode.device_plugin.settings import TimeSlicing, settings_from_config
 from gpunode.feature_discovery.loop import ConfigDir, FdOptions, FdReload, FeatureDiscovery
 from gpunode.feature_discovery.output import DEFAULT_OUTPUT
+
+if TYPE_CHECKING:
+    from gpunode.api.plugin_config import PluginConfig
 from gpunode.nvml import check_simulation
 
 
@@ -130,8 +133,9 @@ def flag_set() -> FlagSet:
     return f
 
 
-def sharing_of(config: Any) -> TimeSlicing | None:
-    return settings_from_config(config, {}).sharing if config is not None else None
+def sharing_of(config: PluginConfig | None) -> TimeSlicing | None:
+    """The file's time-slicing settings (GFD labels the replicas); None without a file."""
+    return config.time_slicing() if config is not None else None
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -141,7 +145,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     config_path = parsed.values.get("config_file")
     config_is_dir = bool(config_path) and Path(config_path).is_dir()
     if config_path and not config_is_dir:
-        from gpunode.device_plugin.config import PluginConfig
+        from gpunode.api.plugin_config import PluginConfig
 
         parsed = flags.parse(argv, env, config_model=PluginConfig)
     values = parsed.values
@@ -167,7 +171,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             args += ["--config-file", str(path)]
         fresh: Any = flags.parse(args, env, exit_on_error=False)
         if fresh.values.get("config_file") and not (config_is_dir and path is None):
-            from gpunode.device_plugin.config import PluginConfig
+            from gpunode.api.plugin_config import PluginConfig
 
             fresh = flags.parse(args, env, config_model=PluginConfig, exit_on_error=False)
         return FdReload(fresh.values["mig_strategy"], sharing_of(fresh.config))

@@ -56,7 +56,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpunode.device_plugin.settings import TimeSlicing
+from gpunode.api.plugin_types import TimeSlicing
 from gpunode.nvml.api import GpuInfo, MigDevice, SystemInfo
 
 __all__ = [

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpunode.api.plugin_types import TimeSlicing
 from gpunode.common import sdnotify
 from gpunode.common.fswatch import watch_directory
 from gpunode.common.hostpaths import HostPaths
@@ -20,7 +21,6 @@ from gpunode.common.labelconfig import list_configs, select_config
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import on_sighup, sleep_or, trim_memory
-from gpunode.device_plugin.settings import TimeSlicing
 from gpunode.feature_discovery.facts import gather_facts
 from gpunode.feature_discovery.labels import LabelResult, NodeFacts, compute_labels
 from gpunode.feature_discovery.output import FeatureFile, NodeFeatureOutput, OutputError, expiry_after_stop

@@ -508,7 +508,7 @@ async def run_component(component: str, opts: ValidatorOptions, open_nvml: NvmlO
     if outcome.status == "passed":
         content = ""
         if component == "driver":
-            from gpunode.driver_loader.readiness import driver_ready_text
+            from gpunode.api.readiness import driver_ready_text
 
             content = driver_ready_text(host_driver=opts.driver_root == "/", driver_root=opts.driver_root)
         opts.validations_dir.mkdir(parents=True, exist_ok=True)

@@ -524,7 +524,7 @@ async def _watch_xids(nvml: Any, window: float) -> tuple[list[tuple[str, int]], 
 
 
 def _xid_check(opts: DoctorOptions, facts: _Facts, events: list[tuple[str, int]] | None, note: str) -> Check:
-    from gpunode.device_plugin.health import APPLICATION_XIDS
+    from gpunode.nvml.xids import APPLICATION_XIDS
 
     exported = _exporter_xids(facts.exporter_body) if facts.exporter_status == 200 else []
     if events is None and facts.exporter_status != 200:

@@ -13,7 +13,8 @@ import pytest
 
 from gpunode.common.config import load_config
 from gpunode.common.hostpaths import HostPaths
-from gpunode.device_plugin.config import PluginConfig, settings_from_config
+from gpunode.api.plugin_config import PluginConfig
+from gpunode.device_plugin.settings import settings_from_config
 from gpunode.device_plugin.health import XidPolicy
 from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
 from gpunode.nvml import sim

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpunode.deploy.policy import load_policy, parse_policy_text
+from gpunode.api.clusterpolicy import load_policy
 from gpunode.deploy.render import AGENTS, dump_yaml, render, render_by_agent
 from gpunode.deploy.render_cli import main
 
@@ -247,19 +247,6 @@ def test_mig_layouts_configmap_is_the_shipped_default() -> None:
 
 
 BASE = "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\n"
-
-
-def test_unknown_and_unsupported_fields_warn() -> None:
-    text = (
-        BASE
-        + "spec:\n  nodeStatusExporter: {enabled: true}\n  driver:\n    repository: x\n    frobnicate: 1\n"
-    )
-    loaded = parse_policy_text(text, "p.yaml")
-    assert loaded.warnings == (
-        "spec.nodeStatusExporter: not supported by gpunode (ignored)",
-        "spec.driver.repository: not supported by gpunode (ignored)",
-        "spec.driver.frobnicate: unknown field (ignored)",
-    )
 
 
 def _write(tmp_path: Path, text: str) -> Path:

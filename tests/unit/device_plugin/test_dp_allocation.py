@@ -22,8 +22,8 @@ from gpunode.device_plugin.allocation import (
     preferred_allocation,
     validate_request,
 )
-from gpunode.device_plugin.config import PluginSettings
 from gpunode.device_plugin.devices import PluginDevice, Resource
+from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import TopoLevel, Topology
 
 # ------------------------------------------------------------------------------------------ fixtures

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from gpunode.device_plugin.config import PluginSettings, ResourcePattern, SharedResource, TimeSlicing
+from gpunode.api.plugin_types import ResourcePattern, SharedResource, TimeSlicing
+from gpunode.device_plugin.settings import PluginSettings
 from gpunode.device_plugin.devices import (
     MAX_MESSAGE_BYTES,
     DeviceConfigError,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gpunode.device_plugin.health import (
-    APPLICATION_XIDS,
     Health,
     HealthConfigError,
     HealthTracker,
     XidPolicy,
 )
+from gpunode.nvml.xids import APPLICATION_XIDS
 
 
 @pytest.mark.parametrize(

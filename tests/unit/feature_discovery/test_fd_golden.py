@@ -28,8 +28,8 @@ import pytest
 
 from gpunode.common.config import load_config
 from gpunode.common.hostpaths import HostPaths
-from gpunode.device_plugin.config import PluginConfig
-from gpunode.device_plugin.settings import TimeSlicing, settings_from_config
+from gpunode.api.plugin_config import PluginConfig
+from gpunode.api.plugin_types import TimeSlicing
 from gpunode.feature_discovery.facts import (
     gather_facts,
     has_vgpu_capability,
@@ -243,7 +243,7 @@ def sharing_from(text: str | None, tmp_path: Path) -> TimeSlicing | None:
         return None
     path = tmp_path / "config.yaml"
     path.write_text(text, encoding="utf-8")
-    return settings_from_config(load_config(path, PluginConfig), {}).sharing
+    return load_config(path, PluginConfig).time_slicing()
 
 
 async def labels_for(case: Case, tmp_path: Path) -> dict[str, str]:

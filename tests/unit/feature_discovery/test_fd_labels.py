@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpunode.device_plugin.settings import SharedResource, TimeSlicing
+from gpunode.api.plugin_types import SharedResource, TimeSlicing
 from gpunode.feature_discovery.labels import (
     LabelResult,
     NodeFacts,
