@@ -28,7 +28,8 @@ ignored: every list is complete), Namespace objects (any namespace exists), fina
 separate subresource (writes to the main resource may change status), list merging by key in strategic
 merge patches (lists are replaced whole), protobuf, and resources other than the ones above.
 
-Standard library only: a `ThreadingHTTPServer` whose handler threads share one lock and condition.
+Standard library only (and `gpunode.kube.selectors`, the label-selector parser the agents use, itself
+standard library only): a `ThreadingHTTPServer` whose handler threads share one lock and condition.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from gpunode.kube.selectors import LabelSelector
 
 JsonObj = dict[str, Any]
 
@@ -258,99 +261,6 @@ def _unsupported_media(content_type: str, accepted: str) -> ApiError:
 
 
 # -- selectors -------------------------------------------------------------------------------------------
-
-_KEY = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9.]*[A-Za-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
-_VALUE = r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?"
-_VALUE_RE = re.compile(rf"^{_VALUE}$")
-_EXISTS_RE = re.compile(rf"^({_KEY})$")
-_NOT_EXISTS_RE = re.compile(rf"^!\s*({_KEY})$")
-_SET_RE = re.compile(rf"^({_KEY})\s+(in|notin)\s*\(([^()]*)\)$")
-_COMPARE_RE = re.compile(rf"^({_KEY})\s*(==|=|!=|>|<)\s*({_VALUE})$")
-
-LabelOp = Literal["=", "!=", "in", "notin", "exists", "!", "gt", "lt"]
-
-
-@dataclass(frozen=True)
-class LabelRequirement:
-    key: str
-    op: LabelOp
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        present = self.key in labels
-        value = labels.get(self.key)
-        match self.op:
-            case "exists":
-                return present
-            case "!":
-                return not present
-            case "=" | "in":
-                return present and value in self.values
-            case "!=" | "notin":
-                return not present or value not in self.values
-            case "gt" | "lt":
-                try:
-                    number, bound = int(value or ""), int(self.values[0])
-                except ValueError:
-                    return False
-                return number > bound if self.op == "gt" else number < bound
-        return False  # pragma: no cover - every op is handled above
-
-
-def _split_terms(text: str) -> list[str]:
-    terms: list[str] = []
-    depth = 0
-    current: list[str] = []
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced ')' in selector {text!r}")
-        if ch == "," and depth == 0:
-            terms.append("".join(current).strip())
-            current = []
-        else:
-            current.append(ch)
-    if depth:
-        raise ValueError(f"unbalanced '(' in selector {text!r}")
-    terms.append("".join(current).strip())
-    return terms
-
-
-def parse_label_selector(text: str) -> tuple[LabelRequirement, ...]:
-    """Parse a label selector string (`a=b,c!=d,e in (x,y),!f,g`); raise ValueError when malformed.
-
-    The empty selector selects everything."""
-    if not text.strip():
-        return ()
-    requirements: list[LabelRequirement] = []
-    for term in _split_terms(text):
-        if m := _NOT_EXISTS_RE.match(term):
-            requirements.append(LabelRequirement(m.group(1), "!"))
-        elif m := _SET_RE.match(term):
-            values = tuple(v.strip() for v in m.group(3).split(","))
-            if not values or any(not v or not _VALUE_RE.match(v) for v in values):
-                raise ValueError(f"invalid value set in {term!r}")
-            op: LabelOp = "in" if m.group(2) == "in" else "notin"
-            requirements.append(LabelRequirement(m.group(1), op, values))
-        elif m := _COMPARE_RE.match(term):
-            symbol = m.group(2)
-            ops: dict[str, LabelOp] = {"=": "=", "==": "=", "!=": "!=", ">": "gt", "<": "lt"}
-            if symbol in (">", "<") and not re.fullmatch(r"-?\d+", m.group(3)):
-                raise ValueError(f"{term!r}: {symbol} needs an integer value")
-            requirements.append(LabelRequirement(m.group(1), ops[symbol], (m.group(3),)))
-        elif m := _EXISTS_RE.match(term):
-            requirements.append(LabelRequirement(m.group(1), "exists"))
-        else:
-            raise ValueError(f"unable to parse requirement {term!r}")
-    return tuple(requirements)
-
-
-def labels_match(selector: tuple[LabelRequirement, ...], labels: Mapping[str, str] | None) -> bool:
-    found = labels or {}
-    return all(req.matches(found) for req in selector)
 
 
 @dataclass(frozen=True)
@@ -593,7 +503,7 @@ class _DaemonSet:
 class _Watch:
     rt: ResourceType
     namespace: str | None
-    labels: tuple[LabelRequirement, ...]
+    labels: LabelSelector
     fields: tuple[FieldRequirement, ...]
     conn: socket.socket | None
     pending: deque[WatchEvent] = field(default_factory=deque)
@@ -603,7 +513,7 @@ class _Watch:
         meta = obj.get("metadata") or {}
         if self.namespace is not None and meta.get("namespace") != self.namespace:
             return False
-        return labels_match(self.labels, meta.get("labels")) and all(f.matches(obj) for f in self.fields)
+        return self.labels.matches(meta.get("labels")) and all(f.matches(obj) for f in self.fields)
 
     def translate(self, event: WatchEvent) -> JsonObj | None:
         """The wire event this watch sends for a recorded write, or None."""
@@ -709,6 +619,7 @@ class FakeApiServer:
         self._horizon = 1  # every event with rv > horizon is still in _events
         self._changes = 0
         self._watches: list[_Watch] = []
+        self.watches_opened = 0  # watch requests accepted so far (stalled ones included)
         self._watches_stalled = False
         self._fail_rules: list[_FailRule] = []
         self._stall_rules: list[_StallRule] = []
@@ -1246,7 +1157,7 @@ class FakeApiServer:
         self,
         rt: ResourceType,
         namespace: str | None,
-        labels: tuple[LabelRequirement, ...],
+        labels: LabelSelector,
         fields: tuple[FieldRequirement, ...],
     ) -> JsonObj:
         probe = _Watch(rt, namespace, labels, fields, None)
@@ -1514,7 +1425,7 @@ class FakeApiServer:
 
         if verb in ("list", "watch"):
             try:
-                labels = parse_label_selector(query.get("labelSelector", ""))
+                labels = LabelSelector.parse(query.get("labelSelector", ""))
                 fields = parse_field_selector(query.get("fieldSelector", ""))
             except ValueError as exc:
                 raise _bad_request(f"unable to parse requirement: {exc}") from None
@@ -1604,7 +1515,7 @@ class FakeApiServer:
         self,
         rt: ResourceType,
         namespace: str | None,
-        labels: tuple[LabelRequirement, ...],
+        labels: LabelSelector,
         fields: tuple[FieldRequirement, ...],
         query: dict[str, str],
         conn: socket.socket | None,
@@ -1636,6 +1547,7 @@ class FakeApiServer:
                     return _WatchReply(None, timeout, bookmarks, {"type": "ERROR", "object": expired})
                 w.pending.extend(e for e in self._events if e.rv > start and e.resource == rt.plural)
             self._watches.append(w)
+            self.watches_opened += 1
             self._changed()
         return _WatchReply(w, timeout, bookmarks)
 

@@ -1,4 +1,4 @@
-"""gpunode.testing.fake_apiserver: the Kubernetes REST and watch wire protocol, checked with http.client."""
+"""gpunode.sim.apiserver: the Kubernetes REST and watch wire protocol, checked with http.client."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gpunode.testing.fake_apiserver import (
+from gpunode.sim.apiserver import (
     FakeApiServer,
-    labels_match,
     merge_patch,
     parse_field_selector,
-    parse_label_selector,
 )
 
 NFD = "/apis/nfd.k8s-sigs.io/v1alpha1"
@@ -92,48 +90,6 @@ def open_watch(watches: list[Watch], api: FakeApiServer, path: str) -> Watch:
 
 
 # -- pure functions ------------------------------------------------------------------------------------
-
-LABEL_CASES = [
-    ("empty selects all", "", {}, True),
-    ("equal", "a=b", {"a": "b"}, True),
-    ("double equal", "a==b", {"a": "b"}, True),
-    ("equal other value", "a=b", {"a": "c"}, False),
-    ("equal absent", "a=b", {}, False),
-    ("not equal absent", "a!=b", {}, True),
-    ("not equal same", "a!=b", {"a": "b"}, False),
-    ("exists", "a", {"a": ""}, True),
-    ("exists absent", "a", {}, False),
-    ("not exists", "!a", {}, True),
-    ("not exists present", "!a", {"a": "x"}, False),
-    ("in", "a in (x, y)", {"a": "y"}, True),
-    ("in absent", "a in (x,y)", {}, False),
-    ("notin absent", "a notin (x,y)", {}, True),
-    ("notin listed", "a notin (x,y)", {"a": "x"}, False),
-    ("and all hold", "a=b,c in (d,e),!f", {"a": "b", "c": "e"}, True),
-    ("and one fails", "a=b,c in (d,e),!f", {"a": "b", "c": "e", "f": "1"}, False),
-    ("prefixed key", "nvidia.com/gpu.present=true", {"nvidia.com/gpu.present": "true"}, True),
-    (
-        "prefixed not equal",
-        "nvidia.com/gpu.deploy.operands!=false",
-        {"nvidia.com/gpu.deploy.operands": "false"},
-        False,
-    ),
-    ("greater than", "count>2", {"count": "3"}, True),
-    ("empty value", "a=", {"a": ""}, True),
-]
-
-
-@pytest.mark.parametrize(
-    ("selector", "labels", "expected"), [c[1:] for c in LABEL_CASES], ids=[c[0] for c in LABEL_CASES]
-)
-def test_label_selector(selector: str, labels: dict[str, str], expected: bool) -> None:
-    assert labels_match(parse_label_selector(selector), labels) is expected
-
-
-@pytest.mark.parametrize("selector", ["a in (x", "a=b,", "=b", "a in ()", "a b", "a>x", "a=(b)", "a notin x"])
-def test_label_selector_rejects(selector: str) -> None:
-    with pytest.raises(ValueError):  # noqa: PT011 - the parser raises plain ValueError
-        parse_label_selector(selector)
 
 
 def test_field_selector_parses() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ import pytest
 from gpunode.kube.api import KubeConflict, KubeForbidden, KubeNotFound, KubeUnavailable, NodeInfo
 from gpunode.kube.client import Kube, load_kubeconfig
 from gpunode.sim.apiserver import FakeApiServer
+from helpers.waiting import wait_until
 
 NODE = "node-1"  # the test API server's node (conftest.py)
 TEST_KEY = "test.gpunode.io/kube-client"
@@ -138,14 +140,28 @@ async def test_watch_relists_on_410_gone(api: FakeApiServer, tmp_path: Path) -> 
 async def test_a_stalled_watch_is_abandoned_and_resumed(api: FakeApiServer, tmp_path: Path) -> None:
     kube = client(tmp_path / "kubeconfig")
     watch = kube.watch_node(idle_timeout=0.5)
+    change: asyncio.Task[NodeInfo] | None = None
     try:
-        await next_matching(watch, lambda n: True)
+        await next_matching(watch, lambda n: True)  # the node as read; the watch opens on the next read
+        before = api.watches_opened
+        change = asyncio.create_task(next_matching(watch, lambda n: n.labels.get("stalled") == "yes"))
+        await asyncio.to_thread(wait_until, lambda: api.watches_opened > before, 4.0, 0.02)
         api.stall_watches(True)
         api.patch_node(NODE, {"metadata": {"labels": {"stalled": "yes"}}})
-        await asyncio.sleep(0.8)  # past the idle timeout: the client gives the stream up
+        opened = api.watches_opened
+        # The stream stays silent: past the idle timeout the client must give it up and open a new watch.
+        # Unstalling only after that new request reached the server shows the change did not come over
+        # the old stream.
+        await asyncio.to_thread(wait_until, lambda: api.watches_opened > opened, 4.0, 0.02)
+        assert api.watches_opened > opened  # a second watch request reached the server
         api.stall_watches(False)
-        await next_matching(watch, lambda n: n.labels.get("stalled") == "yes")
+        await change
     finally:
+        api.stall_watches(False)
+        if change is not None and not change.done():
+            change.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await change
         await watch.aclose()  # type: ignore[attr-defined]
         await kube.aclose()
 
