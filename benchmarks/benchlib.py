@@ -12,7 +12,8 @@ from typing import Any
 
 def build_56_mig(state: Path) -> None:
     """A shared simulated dgx-a100 with MIG on every GPU: 7 x 1g.5gb each, 56 MIG devices."""
-    from gpunode.nvml import mig, sim
+    from gpunode.nvml import mig
+    from gpunode.sim import nvml as sim
 
     sim.init_state_file(state, "dgx-a100", force=True)
     with sim.SimNode.open(state).mutate() as st:

@@ -70,7 +70,7 @@ from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from gpunode.testing.fake_kubelet import FakeKubelet
+    from gpunode.sim.kubelet import FakeKubelet
 
 # Only grpc and the stubs at module level: the floor server and the XID helper run this same file, and the
 # floor's RSS is reported as what a bare grpc.aio servicer process costs. The rest is imported where used.
@@ -513,8 +513,8 @@ def latency_figures(cases: list[Case], samples: dict[str, list[int]]) -> list[Fi
 # -- 5. XID to Unhealthy -------------------------------------------------------------------------------------
 def xid_helper(state: Path) -> int:
     """Runs in its own process: one injection per stdin line, CLOCK_MONOTONIC (ns) once it is written."""
-    from gpunode.nvml.sim import SimNode
-    from gpunode.nvml.sim.state import ALL
+    from gpunode.sim.nvml import SimNode
+    from gpunode.sim.nvml.state import ALL
 
     node = SimNode.open(state)
     print("ready", flush=True)
@@ -684,7 +684,7 @@ IMPORT_STEPS = (
     "gpunode.device_plugin.cli",
     "pynvml",
     "gpunode.nvml.real",
-    "gpunode.nvml.sim",
+    "gpunode.sim.nvml",
 )
 
 _IMPORT_PROBE = """
@@ -827,12 +827,12 @@ async def profile_case(
 
 async def handler_cost(tmp: Path, state: Path, case: Case, config: Path | None, calls: int) -> str:
     """The plugin's own handler, in this process, without gRPC or a profiler: its share of the RPC."""
+    from gpunode.agent.nvml import open_nvml
+    from gpunode.api.plugin_config import PluginConfig
     from gpunode.common.logging import configure_logging
     from gpunode.device_plugin.cli import flag_set, settings_loader
-    from gpunode.api.plugin_config import PluginConfig
     from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
     from gpunode.device_plugin.server import _Servicer
-    from gpunode.nvml import open_nvml
 
     plugin_dir = tmp / f"in-process-{case.key}"
     plugin_dir.mkdir()
@@ -894,8 +894,8 @@ class Result:
 async def run(it: Iterations, tmp: Path, every_profile: bool) -> Result:
     import psutil
 
-    from gpunode.nvml.sim import init_state_file, read_state_file
-    from gpunode.testing.fake_kubelet import FakeKubelet
+    from gpunode.sim.kubelet import FakeKubelet
+    from gpunode.sim.nvml import init_state_file, read_state_file
 
     result = Result()
     sim_dir, config_dir = tmp / "sim", tmp / "config"

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/driver_loader.py [--quick] [--json]
 
-On a fake host tree (agents/gpunode/testing/fake_host.py: 2 GPUs, precompiled modules, the fake kmod
+On a fake host tree (agents/gpunode/sim/host.py: 2 GPUs, precompiled modules, the fake kmod
 and NVIDIA tools as real processes) where a first `init --oneshot` loaded the driver:
 
 1. `init` with the configuration digest matching the loaded driver (the fast path: no modprobe, no
@@ -35,8 +35,9 @@ import psutil
 
 from benchlib import load_average, machine_base, percentile
 from gpunode.common.logging import configure_logging
+from gpunode.driver_loader.kmod import RealHostOps
 from gpunode.driver_loader.loader import DriverLoader, config_from_values
-from gpunode.testing.fake_host import FakeHost
+from gpunode.sim.host import FakeHost
 
 SCRIPT = Path(sys.executable).with_name("gpunode-driver-loader")
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "gpunode.driver_loader.cli"]
@@ -68,7 +69,7 @@ async def in_process_ms(host: FakeHost, rounds: int, sink: TextIO) -> list[float
     configure_logging("json", "info", agent="driver-loader", stream=sink)
     for _ in range(rounds):
         t0 = time.perf_counter_ns()
-        loader = DriverLoader(config_from_values(values), host.ops(marker_nodes=False))
+        loader = DriverLoader(config_from_values(values), RealHostOps(host.paths, bin_dir=host.bin))
         plan = await loader.init()
         times.append((time.perf_counter_ns() - t0) / 1e6)
         assert plan.fast_path, plan

@@ -28,8 +28,8 @@ import psutil
 
 from benchlib import build_56_mig, load_average, machine_base, percentile
 from gpunode.exporter.sampler import Sampler
-from gpunode.nvml import sim
 from gpunode.nvml.real import RealNvml
+from gpunode.sim import nvml as sim
 
 EXPORTER = str(Path(sys.executable).with_name("gpunode-exporter"))
 

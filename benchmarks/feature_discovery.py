@@ -29,8 +29,8 @@ from gpunode.common.hostpaths import HostPaths
 from gpunode.feature_discovery.facts import gather_facts
 from gpunode.feature_discovery.labels import compute_labels
 from gpunode.feature_discovery.output import render
-from gpunode.nvml import sim
 from gpunode.nvml.real import RealNvml
+from gpunode.sim import nvml as sim
 
 FD = str(Path(sys.executable).with_name("gpunode-feature-discovery"))
 

@@ -29,8 +29,8 @@ from typing import Any
 import psutil
 
 from benchlib import load_average, machine_base
-from gpunode.nvml import sim
-from gpunode.testing.fake_apiserver import FakeApiServer
+from gpunode.sim import nvml as sim
+from gpunode.sim.apiserver import FakeApiServer
 
 FD = str(Path(sys.executable).with_name("gpunode-feature-discovery"))
 STACK = "import gpunode.feature_discovery.cli, gpunode.feature_discovery.loop, gpunode.nvml.real"

@@ -23,14 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpunode.mig.spec import SelectionError, desired_per_gpu, parse_spec
+
 from benchlib import load_average, machine_base, percentile
 from gpunode.mig.apply import Applier
 from gpunode.mig.layouts import default_spec
 from gpunode.mig.plan import Desired, Infeasible, plan_node
-from gpunode.mig.spec import SelectionError, desired_per_gpu, parse_spec
-from gpunode.mig.state import SimResetter, identity, read_states
-from gpunode.nvml import sim
+from gpunode.mig.state import identity, read_states
 from gpunode.nvml.real import RealNvml
+from gpunode.sim import nvml as sim
+from gpunode.sim.mig_reset import SimResetter
 
 PRESETS = ("dgx-a100", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "a30x4")
 

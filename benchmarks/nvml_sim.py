@@ -46,9 +46,9 @@ from typing import Any
 import pynvml
 
 from benchlib import load_average, machine_base, percentile
-from gpunode.nvml import sim
 from gpunode.nvml.api import HEALTH_EVENTS, MigDevice
 from gpunode.nvml.real import RealNvml, install_library
+from gpunode.sim import nvml as sim
 
 PRESET = "dgx-a100"
 GPUS = 8

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.nvml import sim
+from gpunode.sim import nvml as sim
 
 VENV_BIN = Path(sys.executable).parent
 

@@ -3,9 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from typing import Protocol, cast
 
 from gpunode import __version__
+
+# The commands of the simulated world: (module, help). Their modules load only when one of them runs, so
+# `gpunode version` and the rest never import gpunode.sim.
+SIM_COMMANDS = {
+    "sim": ("gpunode.sim.nvml.cli", "drive a simulated GPU node shared through a state file"),
+    "test-apiserver": (
+        "gpunode.sim.apiserver_cli",
+        "serve a test Kubernetes API server on 127.0.0.1 (nodes, pods, NodeFeatures) until interrupted",
+    ),
+    "fake-host": ("gpunode.sim.host_cli", "build a fake host tree for gpunode-driver-loader to work on"),
+    "dev": ("gpunode.sim.kubelet_cli", "development helpers (dev kubelet: a kubelet emulator)"),
+}
+
+
+class _Tool(Protocol):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def _sim_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], command: str | None, name: str
+) -> _Tool | None:
+    """Add the simulated world's command `name`; its flags (and its module, returned) only if it is the
+    `command` given: the others need just their help line."""
+    module, help_text = SIM_COMMANDS[name]
+    parser = sub.add_parser(name, help=help_text)
+    if command != name:
+        return None
+    tool = cast(_Tool, importlib.import_module(module))
+    tool.add_arguments(parser)
+    return tool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,30 +52,22 @@ def main(argv: list[str] | None = None) -> int:
         from gpunode.deploy.render_cli import main as render
 
         return render(raw[1:])
-    from gpunode.nvml.sim import cli as sim_cli
-
+    command = raw[0] if raw else None
     parser = argparse.ArgumentParser(
         prog="gpunode", description="GPU node agents and their simulated GPU node"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sim_cli.add_parser(sub)
+    sim = _sim_command(sub, command, "sim")
     demo = sub.add_parser("demo", help="walk through the simulated dgx-a100 node")
     demo.add_argument("--preset", default="dgx-a100")
     sub.add_parser("version", help="print the version")
     sub.add_parser("doctor", help="check this node end to end and say what to fix (gpunode doctor --help)")
     sub.add_parser("render", help="Kubernetes manifests from a ClusterPolicy (gpunode render --help)")
-    from gpunode.testing import apiserver_cli, fake_host_cli, kubelet_cli
-
-    apiserver_cli.add_parser(sub)
-    fake_host_cli.add_parser(sub)
-    kubelet_cli.add_parser(sub)
+    tools = [_sim_command(sub, command, name) for name in ("test-apiserver", "fake-host", "dev")]
     args = parser.parse_args(argv)
-    if args.command == "dev":
-        return kubelet_cli.run(args)
-    if args.command == "test-apiserver":
-        return apiserver_cli.run(args)
-    if args.command == "fake-host":
-        return fake_host_cli.run(args)
+    for tool in (sim, *tools):
+        if tool is not None:  # the simulated world's command given
+            return tool.run(args)
     if args.command == "version":
         print(f"gpunode {__version__}")
         return 0
@@ -49,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         from gpunode import demo as demo_mod
 
         return demo_mod.run(args.preset)
-    return sim_cli.run(args)
+    raise AssertionError(f"unhandled command {args.command!r}")  # argparse allows only the commands above
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gpunode.testing.fake_kubelet import FakeKubelet
+from gpunode.sim.kubelet import FakeKubelet
 
 # console script -> module with main(), used when the script is not installed next to this Python
 _MODULES = {

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpunode.agent.nvml import check_simulation
 from gpunode.api.plugin_types import parse_device_list_strategy
 from gpunode.common.cli import (
     FlagSet,
@@ -27,7 +28,6 @@ from gpunode.common.runtime import run
 from gpunode.device_plugin.health import HealthConfigError, XidPolicy
 from gpunode.device_plugin.plugin import AgentOptions, ConfigDirOptions, DevicePlugin
 from gpunode.device_plugin.settings import PluginSettings, settings_from_config
-from gpunode.nvml import check_simulation
 
 if TYPE_CHECKING:
     from gpunode.api.plugin_config import PluginConfig
@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
 
     async def open_nvml() -> Any:
-        from gpunode.nvml import open_nvml as open_
+        from gpunode.agent.nvml import open_nvml as open_
 
         driver_root = plugin.state.settings.driver_root  # a directory's config is chosen by now
         return await open_(driver_root, values.get("simulate"), values.get("sim_state"))

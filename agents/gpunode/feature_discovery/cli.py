@@ -27,7 +27,7 @@ from gpunode.feature_discovery.output import DEFAULT_OUTPUT
 
 if TYPE_CHECKING:
     from gpunode.api.plugin_config import PluginConfig
-from gpunode.nvml import check_simulation
+from gpunode.agent.nvml import check_simulation
 
 
 def flag_set() -> FlagSet:
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
 
     async def open_nvml() -> Any:
-        from gpunode.nvml import open_nvml as open_
+        from gpunode.agent.nvml import open_nvml as open_
 
         return await open_(values["driver_root"], values.get("simulate"), values.get("sim_state"))
 

@@ -33,9 +33,10 @@ from gpunode.common.atomic import atomic_write
 from gpunode.common.logging import get_logger
 from gpunode.mig.plan import Desired, GpuPlan, NodePlan, plan_node
 from gpunode.mig.spec import MigEntry, desired_per_gpu
-from gpunode.mig.state import ResetFailed, Resetter, identity, read_states, select_gpus
+from gpunode.mig.state import Resetter, identity, read_states, select_gpus
 from gpunode.nvml import errors
 from gpunode.nvml.api import GpuInfo, Nvml, Placement
+from gpunode.nvml.errors import ResetFailed
 
 DEFAULT_JOURNAL = "/var/lib/gpunode/mig/journal.json"
 KILL_AFTER_ENV = "GPUNODE_MIG_KILL_AFTER_STEP"  # fault injection for crash tests: SIGKILL after step N

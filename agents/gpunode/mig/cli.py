@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         node=values["node_name"],
     )
     try:
-        from gpunode.nvml import check_simulation
+        from gpunode.agent.nvml import check_simulation
 
         check_simulation(values.get("simulate"), values.get("sim_state"))
         if verb in ("checkpoint", "restore") and not values.get("checkpoint_file"):
@@ -194,12 +194,13 @@ def load_selected(verb: str, values: Mapping[str, Any]) -> Any:
 
 async def open_node(values: Mapping[str, Any]) -> tuple[Any, Any]:
     """NVML (the simulator under --simulate / --sim-state) and the matching GPU resetter."""
-    from gpunode.mig.state import SimResetter, SysfsResetter
+    from gpunode.mig.state import SysfsResetter
     from gpunode.nvml.real import RealNvml
 
     resetter: Any
     if values.get("simulate") or values.get("sim_state"):
-        from gpunode.nvml import sim
+        from gpunode.sim import nvml as sim
+        from gpunode.sim.mig_reset import SimResetter
 
         lib = sim.install(values.get("simulate"), values.get("sim_state"))
         resetter = SimResetter(lib.node)
@@ -237,8 +238,8 @@ async def command(verb: str, values: Mapping[str, Any], env: Mapping[str, str], 
     from gpunode.mig.hooks import HookFailed
     from gpunode.mig.plan import Infeasible
     from gpunode.mig.spec import SelectionError
-    from gpunode.mig.state import ResetFailed
     from gpunode.nvml import errors
+    from gpunode.nvml.errors import ResetFailed
 
     try:
         hooks = hook_runner(values) if verb == "apply" else None

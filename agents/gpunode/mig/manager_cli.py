@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         values["log_format"], values["log_level"], agent="mig-manager", node=values["node_name"]
     )
     try:
-        from gpunode.nvml import check_simulation
+        from gpunode.agent.nvml import check_simulation
 
         check_simulation(values.get("simulate"), values.get("sim_state"))
         opts = build_options(values, parsed.sources, env)

@@ -3,20 +3,21 @@
 :func:`read_states` turns what NVML reports into the planner's inputs (:class:`gpunode.mig.plan.GpuState`).
 Resetting a GPU is not an NVML call (``nvidia-smi -r`` and mig-parted write the PCI device's sysfs
 ``reset`` file), so it sits behind :class:`Resetter`: :class:`SysfsResetter` on a real node,
-:class:`SimResetter` on the simulated one.
+:class:`gpunode.sim.mig_reset.SimResetter` on the simulated one.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpunode.common.hostpaths import HostPaths
 from gpunode.mig.plan import CiState, GiState, GpuState
 from gpunode.mig.spec import GpuIdentity
 from gpunode.nvml import errors
 from gpunode.nvml.api import GpuInfo, Nvml
+from gpunode.nvml.errors import ResetFailed
 
 
 def identity(gpu: GpuInfo) -> GpuIdentity:
@@ -90,10 +91,6 @@ async def read_states(nvml: Nvml, gpus: Iterable[GpuInfo]) -> list[GpuState]:
     return [await read_state(nvml, gpu) for gpu in gpus]
 
 
-class ResetFailed(Exception):
-    """A GPU could not be reset (in use, no reset support, lost)."""
-
-
 class Resetter(Protocol):
     async def reset(self, gpu: GpuInfo) -> None: ...
 
@@ -118,24 +115,6 @@ class SysfsResetter:
             raise ResetFailed(
                 f"GPU {gpu.index} ({gpu.pci.sysfs_bus_id}): reset failed: {exc.strerror or exc}"
             ) from None
-
-
-class SimResetter:
-    """Reset a GPU of the simulated node (the simulator applies a pending mode change at reset)."""
-
-    def __init__(self, node: Any) -> None:
-        self.node = node  # gpunode.nvml.sim.SimNode
-
-    async def reset(self, gpu: GpuInfo) -> None:
-        from gpunode.nvml.sim import codes
-
-        with self.node.mutate() as st:
-            rc = st.reset_gpu(gpu.index)
-        if rc != codes.SUCCESS:
-            reason = {codes.IN_USE: "in use (instances or processes)", codes.GPU_IS_LOST: "lost"}.get(
-                rc, str(rc)
-            )
-            raise ResetFailed(f"GPU {gpu.index}: reset refused: {reason}")
 
 
 def select_gpus(gpus: Sequence[GpuInfo], indices: Iterable[int]) -> list[GpuInfo]:

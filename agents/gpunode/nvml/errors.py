@@ -103,3 +103,8 @@ def from_code(code: int, message: str = "") -> NvmlError:
 
 class InitFailed(NvmlError):
     """NVML could not start: wraps the cause (library missing, driver not loaded, ...)."""
+
+
+class ResetFailed(Exception):
+    """A GPU could not be reset (in use, no reset support, lost). Not an NVML call's error: raised by the
+    GPU resetters (the MIG manager's sysfs one, the simulator's), which live on both sides of NVML."""

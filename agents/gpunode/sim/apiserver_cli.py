@@ -11,16 +11,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
-from gpunode.testing.fake_apiserver import FakeApiServer
+from gpunode.sim.apiserver import FakeApiServer
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "test-apiserver",
-        help="serve a test Kubernetes API server on 127.0.0.1 (nodes, pods, NodeFeatures) until interrupted",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `gpunode test-apiserver`."""
     p.add_argument("--kubeconfig", required=True, type=Path, help="where to write its kubeconfig")
     p.add_argument(
         "--node", action="append", default=[], metavar="NAME", help="a node to create (repeatable)"

@@ -19,7 +19,9 @@ while the refcount is above zero. ``nvidia-persistenced`` forks a real daemon (i
 
 Failure on demand: :meth:`FakeHost.fail` (the tool prints the given stderr and exits non-zero when its
 argv contains ``match``); :meth:`FakeHost.crash` (the tool SIGKILLs its caller, once: a crash between
-steps). Nothing here imports asyncio or the loader at import time: the fake tools import this module.
+steps). Nothing here imports asyncio at import time (the fake tools import this module), nor ever the
+driver loader: its callers point the loader's real host operations at :attr:`FakeHost.paths` and
+:attr:`FakeHost.bin`, recording marker-file device nodes in :attr:`FakeHost.mknods` if they like.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpunode.common.hostpaths import HostPaths
-    from gpunode.driver_loader.kmod import RealHostOps
 
 __all__ = ["KERNEL", "FakeHost", "tool_main"]
 
@@ -85,7 +86,7 @@ class FakeHost:
         self.driver_root = driver_root
         self.driver_dir = self.root / driver_root.lstrip("/") if driver_root != "/" else self.root
         self.gpus = [f"0000:{0x07 + 0x10 * i:02x}:00.0" for i in range(gpus)]
-        self.mknods: list[tuple[str, int, int, int]] = []
+        self.mknods: list[tuple[str, int, int, int]] = []  # for the loader's marker_mknod(host.mknods)
         for sub in ("proc/sys/kernel", "sys/module", "dev", "run", "etc/modprobe.d", "var/run"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for sub in ("fail", "crash"):
@@ -115,14 +116,6 @@ class FakeHost:
 
         return HostPaths(root=self.root, driver_root=self.driver_root)
 
-    def ops(self, *, marker_nodes: bool = True) -> RealHostOps:
-        """The real host operations pointed at the fake tools (and, by default, marker-file nodes)."""
-        from gpunode.driver_loader.kmod import RealHostOps, marker_mknod
-
-        return RealHostOps(
-            self.paths, bin_dir=self.bin, mknod=marker_mknod(self.mknods) if marker_nodes else None
-        )
-
     def cli_args(self, *, nodes: bool | None = None) -> list[str]:
         """Flags that point ``gpunode-driver-loader init|unload`` at this host (no HTTP, no udev wait)."""
         create = can_mknod(self.base) if nodes is None else nodes
@@ -145,7 +138,7 @@ class FakeHost:
             f"#!{sys.executable} -IS\n"
             "import sys\n"
             f"sys.path.insert(0, {str(agents)!r})\n"
-            "from gpunode.testing.fake_host import tool_main\n"
+            "from gpunode.sim.host import tool_main\n"
             f"sys.exit(tool_main({str(self.state)!r}, {name!r}, sys.argv[1:]))\n"
         )
         script.chmod(0o755)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
-from typing import Any
 
-from gpunode.testing.fake_host import FakeHost
+from gpunode.sim.host import FakeHost
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("fake-host", help="build a fake host tree for gpunode-driver-loader to work on")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `gpunode fake-host`."""
     p.add_argument("dir", type=Path, help="where to build it (created; must be empty or absent)")
     p.add_argument("--gpus", type=int, default=2, help="number of GPUs (default 2)")
     p.add_argument("--precompiled", action="store_true", help="ship precompiled modules for its kernel")

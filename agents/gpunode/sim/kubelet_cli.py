@@ -14,13 +14,12 @@ import functools
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
-from gpunode.testing.fake_kubelet import FakeKubelet
+from gpunode.sim.kubelet import FakeKubelet
 
 
-def add_parser(sub: Any) -> None:
-    dev = sub.add_parser("dev", help="development helpers (dev kubelet: a kubelet emulator)")
+def add_arguments(dev: argparse.ArgumentParser) -> None:
+    """The sub-commands of `gpunode dev`."""
     dev_sub = dev.add_subparsers(dest="dev_command", required=True, metavar="COMMAND")
     kubelet = dev_sub.add_parser(
         "kubelet",

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpunode.agent.nvml import check_simulation
 from gpunode.common.atomic import atomic_write
 from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, split_verb
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.logging import configure_logging, get_logger
 from gpunode.common.runtime import run
-from gpunode.nvml import check_simulation
 from gpunode.nvml.api import EVENT_MIG_CONFIG, EventKind, Nvml
 from gpunode.nvml.errors import NvmlError
 from gpunode.toolkit.cdi import (
@@ -258,7 +258,7 @@ async def watch(
 
 
 async def _generate(values: Mapping[str, Any], job: GenerateJob, verb: str) -> int:
-    from gpunode.nvml import open_nvml
+    from gpunode.agent.nvml import open_nvml
 
     log = get_logger("gpunode.toolkit.cdi")
     try:

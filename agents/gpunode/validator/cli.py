@@ -107,7 +107,7 @@ async def _run(opts: checks.ValidatorOptions, v: Mapping[str, Any], waits: Seque
         return 0
 
     async def open_nvml() -> Any:
-        from gpunode.nvml import open_nvml as opener
+        from gpunode.agent.nvml import open_nvml as opener
 
         return await opener(opts.paths.driver_dir, v["simulate"], v["sim_state"])
 

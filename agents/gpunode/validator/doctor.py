@@ -668,7 +668,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     configure_logging(v["log_format"], level, agent="gpunode-doctor", node=v["node_name"])
 
     async def open_nvml() -> Any:
-        from gpunode.nvml import open_nvml as opener
+        from gpunode.agent.nvml import open_nvml as opener
 
         return await opener(opts.paths.driver_dir, v["simulate"], v["sim_state"])
 

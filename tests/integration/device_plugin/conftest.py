@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
+from gpunode.api.plugin_config import PluginConfig
 from gpunode.common.config import load_config
 from gpunode.common.hostpaths import HostPaths
-from gpunode.api.plugin_config import PluginConfig
-from gpunode.device_plugin.settings import settings_from_config
 from gpunode.device_plugin.health import XidPolicy
 from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
-from gpunode.nvml import sim
+from gpunode.device_plugin.settings import settings_from_config
 from gpunode.nvml.real import RealNvml
-from gpunode.testing.fake_kubelet import FakeKubelet
+from gpunode.sim import nvml as sim
+from gpunode.sim.kubelet import FakeKubelet
 
 
 @dataclass

@@ -17,8 +17,8 @@ import pytest
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from gpunode.device_plugin.health import XidPolicy
 from gpunode.nvml import errors, mig
-from gpunode.nvml.sim.state import ProcessState
-from gpunode.testing.fake_kubelet import FakeKubelet
+from gpunode.sim.kubelet import FakeKubelet
+from gpunode.sim.nvml.state import ProcessState
 
 Starter = Any  # the start_plugin fixture (see conftest.py)
 

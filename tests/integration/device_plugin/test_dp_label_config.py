@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.testing.fake_apiserver import FakeApiServer
-from gpunode.testing.fake_kubelet import FakeKubelet
+from gpunode.sim.apiserver import FakeApiServer
+from gpunode.sim.kubelet import FakeKubelet
 
 PLUGIN = str(Path(sys.executable).parent / "gpunode-device-plugin")
 PLUGIN_DIR = "var/lib/kubelet/device-plugins"

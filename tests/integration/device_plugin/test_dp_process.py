@@ -92,7 +92,7 @@ def test_bad_health_check_env_exits_2() -> None:
 
 
 def test_init_failure_exits_1_when_fail_on_init_error(tmp_path: Path) -> None:
-    from gpunode.nvml import sim
+    from gpunode.sim import nvml as sim
 
     state = tmp_path / "node.json"
     sim.init_state_file(state, "t4x4")

@@ -29,8 +29,9 @@ import pytest
 from gpunode.driver_loader.cli import main
 from gpunode.driver_loader.loader import DriverLoader, LoaderError, config_from_values
 from gpunode.driver_loader.ops import DriverInUse, DriverOps
-from gpunode.testing.fake_host import KERNEL, FakeHost
-from gpunode.testing.waiting import wait_until
+from gpunode.sim.host import KERNEL, FakeHost
+from helpers.fakehost import host_ops
+from helpers.waiting import wait_until
 
 SCRIPT = Path(sys.executable).parent / "gpunode-driver-loader"
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "gpunode.driver_loader.cli"]
@@ -51,7 +52,7 @@ def make_loader(host: FakeHost, **values: Any) -> DriverLoader:
         "module_params_dir": str(host.params_dir),
         "udev_timeout": 0,
     }
-    loader = DriverLoader(config_from_values({**base, **values}), host.ops())
+    loader = DriverLoader(config_from_values({**base, **values}), host_ops(host))
     return loader
 
 

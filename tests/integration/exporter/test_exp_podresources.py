@@ -13,7 +13,7 @@ import pytest
 from gpunode._proto.podresources.v1 import api_pb2 as pb
 from gpunode._proto.podresources.v1 import api_pb2_grpc as pb_grpc
 from gpunode.exporter.podresources import PodRef, PodResourcesClient, PodResourcesUnavailable, attribute
-from gpunode.testing.fake_podresources import FakePodResources
+from gpunode.sim.podresources import FakePodResources
 
 GPU0 = "GPU-11111111-0000-0000-0000-000000000000"
 PODS = [

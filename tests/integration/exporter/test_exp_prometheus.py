@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.nvml import sim
+from gpunode.sim import nvml as sim
 
 EXPORTER = str(Path(sys.executable).parent / "gpunode-exporter")
 PROMETHEUS = shutil.which("prometheus")

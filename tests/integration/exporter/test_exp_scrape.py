@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpunode.nvml import mig, sim
+from gpunode.nvml import mig
+from gpunode.sim import nvml as sim
 
 EXPORTER = str(Path(sys.executable).parent / "gpunode-exporter")
 
@@ -195,7 +196,7 @@ def test_port_in_use_exits_1(node: Path) -> None:
 
 @pytest.fixture
 async def pods(tmp_path: Path) -> object:
-    from gpunode.testing.fake_podresources import FakePodResources
+    from gpunode.sim.podresources import FakePodResources
 
     fake = FakePodResources(tmp_path / "pod-resources.sock")
     await fake.start()

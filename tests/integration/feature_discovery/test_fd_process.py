@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.nvml import mig, sim
-from gpunode.testing.waiting import wait_until
+from gpunode.nvml import mig
+from gpunode.sim import nvml as sim
+from helpers.waiting import wait_until
 
 FD = str(Path(sys.executable).parent / "gpunode-feature-discovery")
 

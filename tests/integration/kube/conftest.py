@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.testing.fake_apiserver import FakeApiServer
+from gpunode.sim.apiserver import FakeApiServer
 
 NODE = "node-1"
 

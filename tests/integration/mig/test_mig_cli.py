@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpunode.nvml import sim
+from gpunode.sim import nvml as sim
 
 MIG = str(Path(sys.executable).parent / "gpunode-mig")
 
@@ -208,7 +208,7 @@ def test_skip_reset_leaves_the_mode_pending_and_fails_the_device_step(node: Path
 
 
 def test_processes_on_a_gpu_block_a_disruptive_change_unless_forced(node: Path, config: Path) -> None:
-    from gpunode.nvml.sim.state import ProcessState
+    from gpunode.sim.nvml.state import ProcessState
 
     assert mig(node, "apply", "-f", str(config), "-c", "all-balanced").returncode == 0
     with sim.SimNode.open(node).mutate() as st:

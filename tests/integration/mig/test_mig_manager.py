@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gpunode.nvml import sim
-from gpunode.testing.fake_apiserver import FakeApiServer
-from gpunode.testing.waiting import wait_until
+from gpunode.sim import nvml as sim
+from gpunode.sim.apiserver import FakeApiServer
+from helpers.waiting import wait_until
 
 MANAGER = str(Path(sys.executable).parent / "gpunode-mig-manager")
 REPO = Path(__file__).resolve().parents[3]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpunode.nvml import sim
+from gpunode.sim import nvml as sim
 
 
 def _py(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -48,7 +48,7 @@ def test_a_mig_layout_made_in_one_process_is_seen_by_another(tmp_path: Path) -> 
     _py(
         """
         import sys, pynvml
-        from gpunode.nvml import sim
+        from gpunode.sim import nvml as sim
         sim.install(state=sys.argv[1])
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(3)
@@ -69,7 +69,7 @@ def test_concurrent_writers_never_corrupt_the_file(tmp_path: Path) -> None:
     sim.init_state_file(state, "a30x4")
     writer = """
         import sys
-        from gpunode.nvml.sim import SimNode
+        from gpunode.sim.nvml import SimNode
         from pathlib import Path
         node = SimNode.open(Path(sys.argv[1]))
         for n in range(25):

@@ -123,7 +123,7 @@ def test_missing_state_file_says_how_to_create_it(gpunode_cmd: list[str], tmp_pa
 def test_reset_applies_a_pending_mig_mode_and_refuses_while_in_use(
     gpunode_cmd: list[str], state: Path
 ) -> None:
-    from gpunode.nvml.sim import SimNode
+    from gpunode.sim.nvml import SimNode
 
     node = SimNode.open(state)
     with node.mutate() as st:

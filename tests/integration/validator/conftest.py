@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from gpunode.agent.nvml import open_nvml
 from gpunode.common.hostpaths import HostPaths
-from gpunode.nvml import open_nvml, sim
-from gpunode.testing.fake_host import FakeHost, can_mknod
+from gpunode.sim import nvml as sim
+from gpunode.sim.host import FakeHost, can_mknod
 from gpunode.validator import checks
 from gpunode.validator.doctor import DoctorOptions
 

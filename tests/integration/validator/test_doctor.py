@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpunode.nvml import errors, sim
+from gpunode.nvml import errors
+from gpunode.sim import nvml as sim
 from gpunode.validator import doctor
 from gpunode.validator.doctor import Check, diagnose
 

@@ -20,7 +20,8 @@ from gpunode.driver_loader.readiness import (
     read_status,
     render_status,
 )
-from gpunode.testing.fake_host import FakeHost
+from gpunode.sim.host import FakeHost
+from helpers.fakehost import host_ops
 
 # ------------------------------------------------------------------------------------ readiness
 
@@ -271,7 +272,7 @@ def test_plan_nodes_without_a_uvm_major_is_an_error(tmp_path: Path) -> None:
 async def test_ensure_nodes_creates_missing_and_wrong_ones_only(tmp_path: Path) -> None:
     host = FakeHost(tmp_path)
     host.load(["nvidia", "nvidia-uvm"])
-    ops = host.ops()
+    ops = host_ops(host)
     nodes = devnodes.plan_nodes(host.paths, kmod.loaded_modules(host.paths))
     created, by_udev = await devnodes.ensure_nodes(host.paths, ops, nodes, udev_timeout=0)
     assert len(created) == len(nodes)
@@ -291,7 +292,7 @@ async def test_ensure_nodes_waits_for_udev_first(tmp_path: Path) -> None:
     host.load(["nvidia"])
     (host.root / "run/udev").mkdir(parents=True)
     (host.root / "run/udev/control").write_text("")
-    ops = host.ops()
+    ops = host_ops(host)
     nodes = [n for n in devnodes.plan_nodes(host.paths, ["nvidia"]) if n.path.name == "nvidiactl"]
 
     def udev() -> None:

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.common.config import load_config
-from gpunode.common.hostpaths import HostPaths
 from gpunode.api.plugin_config import PluginConfig
 from gpunode.api.plugin_types import TimeSlicing
+from gpunode.common.config import load_config
+from gpunode.common.hostpaths import HostPaths
 from gpunode.feature_discovery.facts import (
     gather_facts,
     has_vgpu_capability,
@@ -37,8 +37,8 @@ from gpunode.feature_discovery.facts import (
     read_pci_class,
 )
 from gpunode.feature_discovery.labels import compute_labels
-from gpunode.nvml import sim
 from gpunode.nvml.real import RealNvml
+from gpunode.sim import nvml as sim
 
 GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden" / "feature_discovery"
 UPDATE_ENV = "GPUNODE_UPDATE_GOLDEN"

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import pytest
+from gpunode.mig.spec import GpuIdentity, MigSpec, desired_per_gpu, parse_spec
 
 from gpunode.mig.layouts import (
     GENERATED_HEADER,
@@ -16,11 +17,10 @@ from gpunode.mig.layouts import (
     generate,
     render,
 )
-from gpunode.mig.spec import GpuIdentity, MigSpec, desired_per_gpu, parse_spec
 from gpunode.nvml import mig
 from gpunode.nvml.api import GiProfile, Placement
-from gpunode.nvml.sim import presets
-from gpunode.nvml.sim.presets import Product
+from gpunode.sim.nvml import presets
+from gpunode.sim.nvml.presets import Product
 
 # The GPU Operator's default MIG config names (shared/reference/mig.md §4), in its order.
 OPERATOR_NAMES = [

@@ -1,6 +1,6 @@
 """The MIG planner, table by table, with every plan applied to the simulator's MIG rules.
 
-GPU states come from the simulator's product tables (agents/gpunode/nvml/sim/presets.py, which follow
+GPU states come from the simulator's product tables (agents/gpunode/sim/nvml/presets.py, which follow
 shared/reference/mig.md §5). Each feasible plan is executed against the simulated driver's state
 machine (overlaps, compute-slice totals, media engines, CI placements), read back, and re-planned: the
 result must be the desired devices and an empty plan.
@@ -19,9 +19,9 @@ import pytest
 from gpunode.mig import plan as mp
 from gpunode.nvml import mig
 from gpunode.nvml.api import CiProfile, GiProfile, Placement
-from gpunode.nvml.sim import codes
-from gpunode.nvml.sim import presets as pr
-from gpunode.nvml.sim.state import NodeState
+from gpunode.sim.nvml import codes
+from gpunode.sim.nvml import presets as pr
+from gpunode.sim.nvml.state import NodeState
 
 A100 = pr.A100_SXM4_40GB
 A100_80 = pr.A100_SXM4_80GB

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpunode.nvml import errors, mig, sim
+from gpunode.nvml import errors, mig
 from gpunode.nvml.api import Placement
 from gpunode.nvml.real import RealNvml
+from gpunode.sim import nvml as sim
 
 
 class Clock:

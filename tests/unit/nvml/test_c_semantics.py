@@ -7,7 +7,7 @@ import ctypes
 import pynvml
 import pytest
 
-from gpunode.nvml import sim
+from gpunode.sim import nvml as sim
 
 
 def test_calls_before_init_are_uninitialized(nvml_sim: sim.FakeNvmlLib) -> None:

@@ -9,9 +9,10 @@ import time
 import pynvml
 import pytest
 
-from gpunode.nvml import errors, sim
+from gpunode.nvml import errors
 from gpunode.nvml.api import EventKind, HealthEvent
 from gpunode.nvml.real import RealNvml
+from gpunode.sim import nvml as sim
 
 
 def _event_set(*indices: int, mask: int = pynvml.nvmlEventTypeXidCriticalError) -> object:

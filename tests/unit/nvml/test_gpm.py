@@ -8,9 +8,10 @@ from collections.abc import Iterator
 import pynvml
 import pytest
 
-from gpunode.nvml import errors, sim
+from gpunode.nvml import errors
 from gpunode.nvml.real import RealNvml
-from gpunode.nvml.sim.state import ProcessState
+from gpunode.sim import nvml as sim
+from gpunode.sim.nvml.state import ProcessState
 
 METRICS = (
     pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,

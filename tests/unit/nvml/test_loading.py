@@ -12,8 +12,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpunode.nvml import errors, sim
+from gpunode.nvml import errors
 from gpunode.nvml.real import LIBRARY_NAME, RealNvml, install_library, load_driver_library
+from gpunode.sim import nvml as sim
 
 
 def test_pynvml_keeps_the_globals_the_simulator_relies_on() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpunode.nvml import sim
+from gpunode.sim import nvml as sim
 
 MIB = 1 << 20
 

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from gpunode.nvml import sim
 from gpunode.nvml.api import TopoLevel
 from gpunode.nvml.real import RealNvml
+from gpunode.sim import nvml as sim
 
 # preset -> (count, name, memory MiB, CC, SMs, PCI device id, arch, MIG capable, NVLinks between GPU 0 and 1)
 PRESET_FACTS = {
@@ -99,7 +99,7 @@ def test_plain_pynvml_in_a_fresh_process_sees_eight_a100s() -> None:
     code = textwrap.dedent(
         """
         import pynvml
-        from gpunode.nvml import sim
+        from gpunode.sim import nvml as sim
         sim.install("dgx-a100")
         pynvml.nvmlInit()
         out = []

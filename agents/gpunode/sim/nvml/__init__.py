@@ -1,6 +1,6 @@
 """A faithful simulated libnvidia-ml beneath the real pynvml bindings.
 
-    from gpunode.nvml import sim
+    from gpunode.sim import nvml as sim
     sim.install("dgx-a100")              # this process now sees 8 simulated A100s through pynvml
     sim.install("dgx-a100", state=path)  # ... shared with every process given the same state file
 
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpunode.nvml.sim.lib import FakeNvmlLib, StrictModeViolation
-from gpunode.nvml.sim.node import SimNode, init_state_file, read_state_file
-from gpunode.nvml.sim.presets import PRESETS, UnknownPreset, get_preset, preset_names
-from gpunode.nvml.sim.state import NodeState, StateError
+from gpunode.sim.nvml.lib import FakeNvmlLib, StrictModeViolation
+from gpunode.sim.nvml.node import SimNode, init_state_file, read_state_file
+from gpunode.sim.nvml.presets import PRESETS, UnknownPreset, get_preset, preset_names
+from gpunode.sim.nvml.state import NodeState, StateError
 
 __all__ = [
     "PRESETS",

@@ -8,13 +8,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from gpunode.nvml import mig
-from gpunode.nvml.sim import codes
-from gpunode.nvml.sim.node import SimNode, init_state_file
-from gpunode.nvml.sim.presets import PRESETS, UnknownPreset, get_preset, preset_names
-from gpunode.nvml.sim.state import ALL, INIT_FAULTS, NodeState, StateError
+from gpunode.sim.nvml import codes
+from gpunode.sim.nvml.node import SimNode, init_state_file
+from gpunode.sim.nvml.presets import PRESETS, UnknownPreset, get_preset, preset_names
+from gpunode.sim.nvml.state import ALL, INIT_FAULTS, NodeState, StateError
 
 MIB = 1 << 20
 
@@ -23,8 +22,8 @@ class UsageError(Exception):
     """Bad arguments: exit 2, state untouched."""
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("sim", help="drive a simulated GPU node shared through a state file")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The sub-commands of `gpunode sim`."""
     s = p.add_subparsers(dest="sim_command", required=True, metavar="COMMAND")
     state_env = os.environ.get("GPUNODE_SIM_STATE")
 
@@ -142,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _proc(st: NodeState, gpu: int, args: argparse.Namespace) -> str:
-    from gpunode.nvml.sim.state import ProcessState
+    from gpunode.sim.nvml.state import ProcessState
 
     procs = st.gpus[gpu].processes
     if args.stop:

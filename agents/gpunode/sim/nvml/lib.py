@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from gpunode.nvml import mig
-from gpunode.nvml.sim import codes
-from gpunode.nvml.sim.node import SimNode
-from gpunode.nvml.sim.presets import ARCH_HOPPER, Product, links_to_switches
-from gpunode.nvml.sim.state import (
+from gpunode.sim.nvml import codes
+from gpunode.sim.nvml.node import SimNode
+from gpunode.sim.nvml.presets import ARCH_HOPPER, Product, links_to_switches
+from gpunode.sim.nvml.state import (
     EVENT_CLOCK,
     EVENT_DBE,
     EVENT_MIG_CONFIG,

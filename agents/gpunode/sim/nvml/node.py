@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpunode.common.atomic import atomic_write
-from gpunode.nvml.sim.state import NodeState, StateError
+from gpunode.sim.nvml.state import NodeState, StateError
 
 
 def read_state_file(path: Path) -> NodeState:

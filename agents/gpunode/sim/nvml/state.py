@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpunode.nvml import mig
-from gpunode.nvml.sim import codes
-from gpunode.nvml.sim.presets import Preset, Product, get_preset
+from gpunode.sim.nvml import codes
+from gpunode.sim.nvml.presets import Preset, Product, get_preset
 
 STATE_FORMAT = "gpunode-sim/v1"
 ALL = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId meaning "the whole GPU"

@@ -1,0 +1,1 @@
+"""The agent skeleton: what every gpunode agent does the same way."""
