@@ -13,10 +13,8 @@ MODULES = (
     "errors",
     "hostpaths",
     "http",
-    "kube",
     "logging",
     "metrics",
-    "operands",
     "runtime",
     "sdnotify",
 )
