@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-__all__ = ["ConfigError", "UsageError"]
+__all__ = ["ConfigError", "UsageError", "one_line"]
 
 
 class UsageError(Exception):
@@ -35,3 +35,12 @@ class ConfigError(Exception):
         lines = [f"{self.path}: {len(self.problems)} problems:"]
         lines.extend(f"  {problem}" for problem in self.problems)
         return "\n".join(lines)
+
+
+def one_line(error: BaseException | str, limit: int) -> str:
+    """A failure (or any text) as one line of at most ``limit`` characters, for a node annotation or a
+    status file: whitespace runs become one space, a ConfigError gives its file and every problem joined
+    by "; ", and a longer text is cut and ends in "..."."""
+    text = f"{error.path}: {'; '.join(error.problems)}" if isinstance(error, ConfigError) else str(error)
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."

@@ -18,6 +18,7 @@ import yaml
 
 from gpunode import __version__
 from gpunode.api.clusterpolicy import ClusterPolicy, EnvVar
+from gpunode.mig import DEFAULT_JOURNAL
 
 __all__ = ["AGENTS", "Agent", "dump_yaml", "image_for", "render", "render_by_agent"]
 
@@ -645,7 +646,7 @@ class _Renderer:
             _env("HOST_ROOT_MOUNT", "/host"),
             _env("GPUNODE_HOST_ROOT", "/host"),
             _env("CONFIG_FILE", "/mig-parted-config/config.yaml"),
-            _env("MIG_PARTED_JOURNAL_FILE", "/var/lib/gpunode/mig/journal.json"),
+            _env("MIG_PARTED_JOURNAL_FILE", DEFAULT_JOURNAL),
         ]
         objs: list[Obj] = []
         if mm.config.create or not mm.config.name:

@@ -20,8 +20,8 @@ Under ``single`` and ``mixed``, MIG devices whose compute instance is smaller th
 (profiles like ``1c.3g.20gb``) are rejected: like NVIDIA's plugin, they are unsupported.
 
 MIG capability device nodes are looked up in ``/proc/driver/nvidia-caps/mig-minors`` (parsed by
-:func:`parse_mig_minors`); its ``gpu<N>`` is the parent GPU's device *minor* number, which equals
-the index on most machines.
+:func:`gpunode.nvml.caps.parse_mig_minors`); its ``gpu<N>`` is the parent GPU's device *minor* number,
+which equals the index on most machines.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from gpunode.api.plugin_types import RESOURCE_PREFIX, ResourcePattern, SharedResource
 from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import GpuInfo, MigDevice
+from gpunode.nvml.caps import mig_cap_keys
 
 __all__ = [
     "DEFAULT_RESOURCE",
@@ -46,7 +47,6 @@ __all__ = [
     "build_resources",
     "listandwatch_size_bytes",
     "mig_resource_name",
-    "parse_mig_minors",
 ]
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
@@ -137,29 +137,10 @@ class Inventory:
 # ------------------------------------------------------------------------------------------ mig-minors
 
 
-def parse_mig_minors(text: str) -> dict[str, int]:
-    """``/proc/driver/nvidia-caps/mig-minors`` -> ``{"gpu0/gi1/access": 12, "config": 1, ...}``.
-
-    Lines that do not read ``<name> <minor>`` are skipped.
-    """
-    minors: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) != 2:
-            continue
-        name, minor = parts
-        if minor.isdigit():
-            minors[name] = int(minor)
-    return minors
-
-
 def _mig_device_nodes(gpu: GpuInfo, mig: MigDevice, mig_minors: Mapping[str, int] | None) -> tuple[str, ...]:
     nodes = [f"/dev/nvidia{gpu.minor}"]
     if mig_minors is not None:
-        for cap in (
-            f"gpu{gpu.minor}/gi{mig.gi_id}/access",
-            f"gpu{gpu.minor}/gi{mig.gi_id}/ci{mig.ci_id}/access",
-        ):
+        for cap in mig_cap_keys(gpu.minor, mig.gi_id, mig.ci_id):
             minor = mig_minors.get(cap)
             if minor is not None:
                 nodes.append(f"/dev/nvidia-caps/nvidia-cap{minor}")
@@ -221,10 +202,6 @@ def _mig_device(
     )
 
 
-def _mig_enabled(gpu: GpuInfo) -> bool:
-    return gpu.mig is not None and gpu.mig.current
-
-
 def _check_sub_profiles(strategy: str, migs: Sequence[MigDevice]) -> None:
     for mig in migs:
         if mig.ci_slices != mig.gi_slices:
@@ -256,13 +233,13 @@ def _base_devices(
         return [whole(gpu) for gpu in ordered]
 
     migs_of = {gpu.index: sorted(mig_devices.get(gpu.index, ()), key=lambda m: m.index) for gpu in ordered}
-    enabled = [gpu for gpu in ordered if _mig_enabled(gpu)]
+    enabled = [gpu for gpu in ordered if gpu.mig_enabled]
     for gpu in enabled:
         _check_sub_profiles(strategy, migs_of[gpu.index])
 
     if strategy == "single":
         if enabled:
-            plain = [gpu for gpu in ordered if not _mig_enabled(gpu)]
+            plain = [gpu for gpu in ordered if not gpu.mig_enabled]
             if plain:
                 raise DeviceConfigError(
                     "mig-strategy single: MIG-enabled and non-MIG GPUs are mixed on the node "
@@ -282,7 +259,7 @@ def _base_devices(
                     "use one profile everywhere or use mig-strategy mixed"
                 )
         for gpu in ordered:
-            if not _mig_enabled(gpu):
+            if not gpu.mig_enabled:
                 out.append(whole(gpu))
                 continue
             node = numa(gpu)
@@ -293,7 +270,7 @@ def _base_devices(
 
     # mixed
     for gpu in ordered:
-        if not _mig_enabled(gpu):
+        if not gpu.mig_enabled:
             out.append(whole(gpu))
             continue
         if not migs_of[gpu.index]:
@@ -417,10 +394,10 @@ def build_inventory(
     """The resources to advertise (sorted by name, devices sorted) and non-fatal warnings.
 
     ``mig_devices`` maps a GPU index to its MIG devices; ``numa`` gives a GPU's NUMA node (None when
-    unknown); ``mig_minors`` comes from :func:`parse_mig_minors` (None: MIG capability device nodes are
-    left out). Raises :class:`DeviceConfigError` when the layout does not fit the MIG strategy, when
-    time-slicing entries overlap or would mix shared and unshared devices under one name, or when a
-    resource's ListAndWatch message would exceed :data:`MAX_MESSAGE_BYTES`.
+    unknown); ``mig_minors`` comes from :func:`gpunode.nvml.caps.read_mig_minors` (None: MIG capability
+    device nodes are left out). Raises :class:`DeviceConfigError` when the layout does not fit the MIG
+    strategy, when time-slicing entries overlap or would mix shared and unshared devices under one name,
+    or when a resource's ListAndWatch message would exceed :data:`MAX_MESSAGE_BYTES`.
     """
     warnings: list[str] = []
     base = _base_devices(gpus, mig_devices, settings, numa, mig_minors, warnings)

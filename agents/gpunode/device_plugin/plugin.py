@@ -37,13 +37,14 @@ from gpunode.common.labelconfig import (
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import Backoff, on_sighup, sleep_or, supervise, trim_memory
-from gpunode.device_plugin.devices import DeviceConfigError, Resource, build_inventory, parse_mig_minors
+from gpunode.device_plugin.devices import DeviceConfigError, Resource, build_inventory
 from gpunode.device_plugin.health import HealthTracker, XidPolicy
 from gpunode.device_plugin.metrics import DevicePluginMetrics
 from gpunode.device_plugin.registration import RegistrationFailed, register
 from gpunode.device_plugin.server import ResourceServer, SharedState
 from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml import errors
+from gpunode.nvml.caps import read_mig_minors
 
 if TYPE_CHECKING:
     from gpunode.api.plugin_config import PluginConfig
@@ -288,18 +289,12 @@ class DevicePlugin:
         return from_sysfs if from_sysfs is not None else gpu.numa_node
 
     def _mig_minors(self) -> dict[str, int] | None:
-        path = self.opts.host.proc / "driver/nvidia-caps/mig-minors"
-        try:
-            return parse_mig_minors(path.read_text())
-        except OSError:
-            return None
+        return read_mig_minors(self.opts.host)
 
     async def build(self, settings: PluginSettings) -> list[Resource]:
         assert self.nvml is not None
         gpus = await self.nvml.gpus()
-        migs = {
-            g.index: await self.nvml.mig_devices(g.index) for g in gpus if g.mig is not None and g.mig.current
-        }
+        migs = {g.index: await self.nvml.mig_devices(g.index) for g in gpus if g.mig_enabled}
         inventory = build_inventory(gpus, migs, settings, numa=self._numa, mig_minors=self._mig_minors())
         for warning in inventory.warnings:
             self.log.warning("inventory_warning", detail=warning)

@@ -41,7 +41,7 @@ async def gather_facts(nvml: Nvml, host: HostPaths, machine_type_file: Path | No
     gpus: list[GpuInfo] = []
     mig_devices: dict[int, tuple[MigDevice, ...]] = {}
     for gpu in sorted(await nvml.gpus(), key=lambda g: g.index):
-        if gpu.mig is not None and gpu.mig.current:
+        if gpu.mig_enabled:
             try:
                 mig_devices[gpu.index] = tuple(await nvml.mig_devices(gpu.index))
             except errors.GpuLost:

@@ -205,10 +205,6 @@ def _key(resource: str, suffix: str) -> str:
     return f"{resource}.{suffix}"
 
 
-def _mig_enabled(gpu: GpuInfo) -> bool:
-    return gpu.mig is not None and gpu.mig.current
-
-
 def _profile_name(device: MigDevice) -> str:
     """The profile as GFD spells it in keys and products: ``1g.5gb+me`` -> ``1g.5gb.me``."""
     return device.profile.replace("+", ".")
@@ -326,7 +322,7 @@ def _choose_model(gpus: Sequence[GpuInfo], warnings: list[str]) -> list[GpuInfo]
 def _full_gpu_labels(
     group: Sequence[GpuInfo], sharing: TimeSlicing | None, warnings: list[str]
 ) -> dict[str, str]:
-    full = [g for g in group if not _mig_enabled(g)]
+    full = [g for g in group if not g.mig_enabled]
     rep = full[0] if full else group[0]
     share = _sharing(FULL_GPU_RESOURCE, sharing, enabled=bool(full), warnings=warnings)
     labels = _base(FULL_GPU_RESOURCE, len(group), share, [rep.name])
@@ -358,7 +354,7 @@ def _gpu_mode(gpus: Sequence[GpuInfo], classes: Mapping[int, int | None], warnin
 
 
 def _devices_by_gpu(gpus: Sequence[GpuInfo], facts: NodeFacts) -> list[tuple[GpuInfo, tuple[MigDevice, ...]]]:
-    return [(g, tuple(facts.mig_devices.get(g.index, ()))) for g in gpus if _mig_enabled(g)]
+    return [(g, tuple(facts.mig_devices.get(g.index, ()))) for g in gpus if g.mig_enabled]
 
 
 def _single_labels(

@@ -38,7 +38,6 @@ from gpunode.nvml import errors
 from gpunode.nvml.api import GpuInfo, Nvml, Placement
 from gpunode.nvml.errors import ResetFailed
 
-DEFAULT_JOURNAL = "/var/lib/gpunode/mig/journal.json"
 KILL_AFTER_ENV = "GPUNODE_MIG_KILL_AFTER_STEP"  # fault injection for crash tests: SIGKILL after step N
 
 HookRunner = Callable[[str], Awaitable[None]]

@@ -24,6 +24,7 @@ from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
+from gpunode.mig import DEFAULT_JOURNAL
 
 VERBS = ("apply", "assert", "export", "generate-config", "checkpoint", "restore")
 
@@ -95,7 +96,7 @@ def flag_set(verb: str) -> FlagSet:
         f.add(
             "--journal-file",
             env="MIG_PARTED_JOURNAL_FILE",
-            default="/var/lib/gpunode/mig/journal.json",
+            default=DEFAULT_JOURNAL,
             metavar="FILE",
             help="where an apply records its progress ('' : none)",
         )

@@ -42,12 +42,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from gpunode.common import errors as common_errors
 from gpunode.common import sdnotify
 from gpunode.common.atomic import atomic_write_json
 from gpunode.common.errors import ConfigError
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import AgentMetrics, create_metrics
 from gpunode.common.runtime import Backoff, on_sighup, supervise
+from gpunode.mig import DEFAULT_JOURNAL
 from gpunode.mig.apply import Applier, ApplyReport, RebootRequired
 from gpunode.mig.clients import HostClients
 from gpunode.mig.plan import Infeasible, NodePlan
@@ -101,8 +103,7 @@ State = Literal["pending", "rebooting", "success", "failed"]
 # ============================================================================================ pure parts
 def one_line(text: str, limit: int = MAX_REASON) -> str:
     """``text`` as one line of at most ``limit`` characters (a reason for an annotation or a file)."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+    return common_errors.one_line(text, limit)
 
 
 def unknown_config_reason(name: str, available: Sequence[str]) -> str:
@@ -225,7 +226,7 @@ def build_options(
     if values["hooks_file"]:
         load_hooks(values["hooks_file"])  # likewise, rather than a failure at each change
     journal = values["journal_file"] or None
-    marker = Path(journal or "/var/lib/gpunode/mig/journal.json").parent / REBOOT_MARKER
+    marker = Path(journal or DEFAULT_JOURNAL).parent / REBOOT_MARKER
     return ManagerOptions(
         config_file=values["config_file"],
         default_config_file=values["default_config_file"],

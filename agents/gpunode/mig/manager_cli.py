@@ -13,6 +13,7 @@ from gpunode.common.cli import FlagSet, add_common_flags, add_kube_flags, log_ef
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
+from gpunode.mig import DEFAULT_JOURNAL
 from gpunode.mig.manager import DEFAULT_NOTIFY, DEFAULT_STATE_FILE, build_options, serve
 
 B, F, S = bool, float, str
@@ -40,7 +41,7 @@ FLAGS: tuple[tuple[str, str, Any, Any, str | None, str], ...] = (
      "seconds for the operand pods to leave the node; then: failed, operands restored"),
     ("--reassert-interval", "GPUNODE_MIG_REASSERT_INTERVAL", F, 300.0, None,
      "seconds between re-checks that retry a failure and restore a lost layout; 0: off"),
-    ("--journal-file", "MIG_PARTED_JOURNAL_FILE", S, "/var/lib/gpunode/mig/journal.json", None,
+    ("--journal-file", "MIG_PARTED_JOURNAL_FILE", S, DEFAULT_JOURNAL, None,
      "progress of an apply, to resume one interrupted; '': none"),
     ("--reboot-command", "GPUNODE_MIG_REBOOT_COMMAND", S, None, None,
      "default: chroot <host-root-mount> reboot (bare metal: reboot)"),

@@ -90,6 +90,11 @@ class GpuInfo:
     def mig_capable(self) -> bool:
         return self.mig is not None
 
+    @property
+    def mig_enabled(self) -> bool:
+        """MIG mode is on now (a change still pending does not count)."""
+        return self.mig is not None and self.mig.current
+
 
 @dataclass(frozen=True)
 class Placement:

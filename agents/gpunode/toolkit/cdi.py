@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 from gpunode.common.hostpaths import DRIVER_LIB_SUBDIRS, HostPaths
 from gpunode.nvml.api import GpuInfo, MigDevice
+from gpunode.nvml.caps import mig_cap_keys, read_mig_minors
 
 __all__ = [
     "BINARIES",
@@ -74,10 +75,8 @@ __all__ = [
     "format_for",
     "load_spec",
     "make_kind",
-    "mig_cap_keys",
     "minimum_version",
     "parse_device_file_minor",
-    "parse_mig_minors",
     "parse_name_strategies",
     "read_mig_cap_minors",
     "render",
@@ -381,13 +380,6 @@ def _node_key(node: DeviceNode) -> tuple[str, int, str]:
     return (match[1], int(match[2]), node.path)
 
 
-def mig_cap_keys(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[str, str]:
-    """The capability names of a MIG device, as ``mig-minors`` spells them:
-    ``("gpu0/gi1/access", "gpu0/gi1/ci0/access")``."""
-    gi = f"gpu{gpu_minor}/gi{gi_id}/access"
-    return gi, f"gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"
-
-
 def _hook_args(hook_path: str, command: str, args: Iterable[str]) -> tuple[str, ...]:
     """argv for a hook: ``nvidia-cdi-hook <command> ...``, or ``nvidia-ctk hook <command> ...`` when the
     hook path is nvidia-ctk itself (older toolkits)."""
@@ -427,9 +419,9 @@ def build_spec(
 ) -> tuple[Spec, list[str]]:
     """The spec for ``gpus`` and their MIG devices (``migs`` by GPU index), and warnings.
 
-    ``cap_minors`` maps capability names (:func:`mig_cap_keys`) to ``/dev/nvidia-caps`` minors; a missing
-    one is left out of the MIG device's nodes with a warning. Pure; raises ``ValueError`` for an invalid
-    kind or a device name CDI does not allow.
+    ``cap_minors`` maps capability names (:func:`gpunode.nvml.caps.mig_cap_keys`) to ``/dev/nvidia-caps``
+    minors; a missing one is left out of the MIG device's nodes with a warning. Pure; raises
+    ``ValueError`` for an invalid kind or a device name CDI does not allow.
     """
     validate_kind(opts.kind)
     warnings: list[str] = []
@@ -627,16 +619,6 @@ def parse_device_file_minor(text: str) -> int | None:
     return int(match[1]) if match else None
 
 
-def parse_mig_minors(text: str) -> dict[str, int]:
-    """``/proc/driver/nvidia-caps/mig-minors`` (``gpu0/gi1/access 12`` lines) -> name: minor."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
 def read_mig_cap_minors(
     host: HostPaths, gpus: Sequence[GpuInfo], migs: Mapping[int, Sequence[MigDevice]]
 ) -> dict[str, int]:
@@ -656,12 +638,7 @@ def read_mig_cap_minors(
                     minor = None
                 if minor is None:
                     if table is None:
-                        try:
-                            table = parse_mig_minors(
-                                (host.proc / "driver/nvidia-caps/mig-minors").read_text()
-                            )
-                        except OSError:
-                            table = {}
+                        table = read_mig_minors(host) or {}
                     minor = table.get(key)
                 if minor is not None:
                     out[key] = minor

@@ -170,9 +170,7 @@ async def snapshot(nvml: Nvml, job: GenerateJob, log: Any) -> Spec:
     """The spec of the devices NVML reports now (discovery warnings are logged)."""
     system = await nvml.system()
     gpus = await nvml.gpus()
-    migs = {
-        g.index: tuple(await nvml.mig_devices(g.index)) for g in gpus if g.mig is not None and g.mig.current
-    }
+    migs = {g.index: tuple(await nvml.mig_devices(g.index)) for g in gpus if g.mig_enabled}
     files, found = await asyncio.to_thread(
         discover_driver, job.host, system.driver_version, job.opts.dev_root
     )

@@ -125,9 +125,8 @@ async def nvml_devices(nvml: Any) -> list[DeviceRef]:
     """Every GPU and every MIG device NVML reports, as CDI names them."""
     out: list[DeviceRef] = []
     for gpu in await nvml.gpus():
-        mig_on = bool(gpu.mig is not None and gpu.mig.current)
-        out.append(DeviceRef(gpu.index, gpu.uuid, gpu.minor, mig_enabled=mig_on))
-        if mig_on:
+        out.append(DeviceRef(gpu.index, gpu.uuid, gpu.minor, mig_enabled=gpu.mig_enabled))
+        if gpu.mig_enabled:
             for dev in await nvml.mig_devices(gpu.index):
                 out.append(DeviceRef(gpu.index, dev.uuid, gpu.minor, mig_index=dev.index))
     return out

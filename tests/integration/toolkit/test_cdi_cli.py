@@ -27,9 +27,10 @@ from referencing.jsonschema import DRAFT7
 from gpunode.agent.nvml import open_nvml
 from gpunode.device_plugin.allocation import CDI_KIND as PLUGIN_CDI_KIND
 from gpunode.device_plugin.allocation import allocate_response
-from gpunode.device_plugin.devices import build_inventory, parse_mig_minors
+from gpunode.device_plugin.devices import build_inventory
 from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml import mig
+from gpunode.nvml.caps import parse_mig_minors
 from gpunode.sim import nvml as sim
 
 TOOLKIT = str(Path(sys.executable).parent / "gpunode-toolkit")

@@ -21,9 +21,9 @@ from gpunode.device_plugin.devices import (
     build_resources,
     listandwatch_size_bytes,
     mig_resource_name,
-    parse_mig_minors,
 )
 from gpunode.nvml.api import GpuInfo, MigDevice, MigMode, PciInfo
+from gpunode.nvml.caps import parse_mig_minors
 
 # ------------------------------------------------------------------------------------------ fixtures
 

@@ -12,6 +12,7 @@ import yaml
 
 from gpunode.common.hostpaths import HostPaths
 from gpunode.nvml.api import GpuInfo, MigDevice, MigMode, PciInfo
+from gpunode.nvml.caps import parse_mig_minors
 from gpunode.toolkit import cdi
 from gpunode.toolkit.cdi import DriverFiles, SpecOptions
 
@@ -536,7 +537,7 @@ def test_read_mig_cap_minors_without_proc(tmp_path: Path) -> None:
 def test_parse_helpers() -> None:
     assert cdi.parse_device_file_minor("DeviceFileMode: 292\nDeviceFileMinor: 7\n") == 7
     assert cdi.parse_device_file_minor("nothing") is None
-    assert cdi.parse_mig_minors("config 1\nbad line here\ngpu0/gi1/access 12\n") == {
+    assert parse_mig_minors("config 1\nbad line here\ngpu0/gi1/access 12\n") == {
         "config": 1,
         "gpu0/gi1/access": 12,
     }
