@@ -29,10 +29,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpunode.common.logging import get_logger
-from gpunode.kube.api import KubeConflict
+from gpunode.kube.api import KubeConflict, NodeInfo, PodInfo
 
 __all__ = [
     "DEFAULT_OPERANDS",
@@ -194,7 +194,7 @@ def plan_restore(labels: Mapping[str, str], record: PauseRecord) -> tuple[dict[s
     return changes, left
 
 
-def pods_in_the_way(pods: Sequence[Any], operands: Sequence[Operand]) -> list[str]:
+def pods_in_the_way(pods: Sequence[PodInfo], operands: Sequence[Operand]) -> list[str]:
     """``namespace/name`` of the pods still there for ``operands``: by pod labels, or by a nodeSelector
     naming an operand's deploy label."""
     keys = {o.label for o in operands}
@@ -212,17 +212,8 @@ def pods_in_the_way(pods: Sequence[Any], operands: Sequence[Operand]) -> list[st
 
 
 # -- the API calls this module needs (satisfied by gpunode.kube.client.Kube) ----------------------------
-class NodeLike(Protocol):
-    @property
-    def labels(self) -> Mapping[str, str]: ...
-    @property
-    def annotations(self) -> Mapping[str, str]: ...
-    @property
-    def resource_version(self) -> str: ...
-
-
 class KubeLike(Protocol):
-    async def get_node(self) -> Any: ...
+    async def get_node(self) -> NodeInfo: ...
 
     async def patch_node(
         self,
@@ -230,7 +221,7 @@ class KubeLike(Protocol):
         labels: Mapping[str, str | None] | None = None,
         annotations: Mapping[str, str | None] | None = None,
         resource_version: str | None = None,
-    ) -> Any: ...
+    ) -> NodeInfo: ...
 
     async def list_pods(
         self,
@@ -238,7 +229,7 @@ class KubeLike(Protocol):
         labels: Mapping[str, str] | None = None,
         namespace: str | None = None,
         requesting: str | None = None,
-    ) -> list[Any]: ...
+    ) -> list[PodInfo]: ...
 
 
 @dataclass
@@ -417,6 +408,6 @@ class OperandPauser:
         return changes
 
 
-def _record_of(node: NodeLike) -> PauseRecord | None:
+def _record_of(node: NodeInfo) -> PauseRecord | None:
     text = node.annotations.get(RECORD_ANNOTATION)
     return PauseRecord.from_json(text) if text else None
