@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpunode.mig.spec import SelectionError, desired_per_gpu, parse_spec
+from gpunode.mig.selection import SelectionError, desired_per_gpu
 
 from benchlib import load_average, machine_base, percentile
+from gpunode.api.mig_config import parse_spec
 from gpunode.mig.apply import Applier
 from gpunode.mig.layouts import default_spec
 from gpunode.mig.plan import Desired, Infeasible, plan_node

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpunode.api.mig_config import MigEntry
 from gpunode.common.atomic import atomic_write
 from gpunode.common.logging import get_logger
 from gpunode.mig.plan import Desired, GpuPlan, NodePlan, plan_node
-from gpunode.mig.spec import MigEntry, desired_per_gpu
+from gpunode.mig.selection import desired_per_gpu
 from gpunode.mig.state import Resetter, identity, read_states, select_gpus
 from gpunode.nvml import errors
 from gpunode.nvml.api import GpuInfo, Nvml, Placement

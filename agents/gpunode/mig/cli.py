@@ -176,7 +176,7 @@ def load_selected(verb: str, values: Mapping[str, Any]) -> Any:
     """For apply / assert: (spec, name, entries); exit 2 for a bad file or an unknown name."""
     if verb not in ("apply", "assert"):
         return None
-    from gpunode.mig.spec import UnknownConfig, load_spec, parse_spec
+    from gpunode.api.mig_config import UnknownConfig, load_spec, parse_spec
 
     path = values.get("config_file")
     if not path:  # mig-parted insists on a file; we fall back to the shipped default layouts
@@ -215,8 +215,9 @@ def hook_runner(values: Mapping[str, Any]) -> Any:
     path = values.get("hooks_file")
     if not path:
         return None
+    from gpunode.api.mig_hooks import load_hooks
     from gpunode.common.logging import get_logger
-    from gpunode.mig.hooks import load_hooks, run_hooks
+    from gpunode.mig.hooks import run_hooks
 
     hooks = load_hooks(path)
     base = {
@@ -238,7 +239,7 @@ async def command(verb: str, values: Mapping[str, Any], env: Mapping[str, str], 
     from gpunode.mig.apply import Applier, MigError
     from gpunode.mig.hooks import HookFailed
     from gpunode.mig.plan import Infeasible
-    from gpunode.mig.spec import SelectionError
+    from gpunode.mig.selection import SelectionError
     from gpunode.nvml import errors
     from gpunode.nvml.errors import ResetFailed
 

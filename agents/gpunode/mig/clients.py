@@ -13,7 +13,8 @@ What happens to each service depends on its state (shared/reference/mig.md §3.5
 :func:`client_action`): an active one is stopped and remembered; a failed one and an inactive one
 (unless a oneshot) are remembered only, so that the change leaves them running; one that does not
 exist or is disabled is skipped. Whatever was remembered is started again, in reverse order, after the
-change: on success, on failure, and when the manager is cancelled.
+change: on success, on failure, and when the manager is cancelled. The file is read by
+:mod:`gpunode.api.gpu_clients`.
 
 systemd is reached through ``systemctl`` (on the host: ``chroot <host root> systemctl``), behind the
 :class:`Systemctl` protocol so that tests use a fake.
@@ -29,9 +30,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from gpunode.common.config import load_config
 from gpunode.common.logging import get_logger
 
 __all__ = [
@@ -45,7 +43,6 @@ __all__ = [
     "SystemctlCommand",
     "UnitStatus",
     "client_action",
-    "load_gpu_clients",
     "parse_show",
     "systemctl_prefix",
 ]
@@ -55,19 +52,6 @@ DEFAULT_START_TIMEOUT_S = 120.0
 ClientAction = Literal["stop", "restart", "skip"]
 _ACTIVE = frozenset({"active", "activating", "reloading", "refreshing"})
 _DISABLED = frozenset({"disabled", "masked", "masked-runtime"})
-
-
-# -- the file ---------------------------------------------------------------------------------------
-class _GpuClientsFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    version: Literal["v1"]
-    systemd_services: tuple[str, ...] = Field(default=(), alias="systemd-services")
-
-
-def load_gpu_clients(path: str | os.PathLike[str]) -> tuple[str, ...]:
-    """The services a ``GPU_CLIENTS_FILE`` lists, in order (a ConfigError names what is wrong)."""
-    return load_config(os.fspath(path), _GpuClientsFile).systemd_services
 
 
 # -- the rules --------------------------------------------------------------------------------------

@@ -1,19 +1,11 @@
-"""mig-parted's hooks file (``version: v1``) and running its commands (shared/reference/mig.md §1.5).
+"""Running the commands of mig-parted's hooks file (shared/reference/mig.md §1.5).
 
-::
-
-    version: v1
-    hooks:
-      apply-start:      [{command: /bin/bash, args: ["-c", "..."], envs: {K: V}, workdir: /etc/x}]
-      pre-apply-mode:   [...]   # only when a MIG mode change is needed
-      pre-apply-config: [...]   # only when the MIG devices differ
-      apply-exit:       [...]   # always, even after a failure
-
-The commands of one hook run in order; the first that fails (non-zero exit, timeout, cannot start)
-stops the list with :class:`HookFailed`. As in mig-parted, a hook inherits nothing from our
-environment: it sees its own ``envs`` overlaid with the ``MIG_PARTED_*`` values the caller passes
-(those win), so commands and their arguments need absolute paths. Which hooks run when, and what a
-failing ``apply-exit`` means, is the caller's business.
+The file (``version: v1``: ``apply-start``, ``pre-apply-mode``, ``pre-apply-config``, ``apply-exit``)
+is read by :mod:`gpunode.api.mig_hooks`. The commands of one hook run in order; the first that fails
+(non-zero exit, timeout, cannot start) stops the list with :class:`HookFailed`. As in mig-parted, a hook
+inherits nothing from our environment: it sees its own ``envs`` overlaid with the ``MIG_PARTED_*``
+values the caller passes (those win), so commands and their arguments need absolute paths. Which hooks
+run when, and what a failing ``apply-exit`` means, is the caller's business.
 """
 
 from __future__ import annotations
@@ -24,115 +16,19 @@ import os
 import signal
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from gpunode.common.config import load_config, parse_config_text
+from gpunode.api.mig_hooks import HOOK_NAMES, HookCommand, HookName, HooksSpec
 
 __all__ = [
     "DEFAULT_HOOK_TIMEOUT_S",
-    "HOOK_NAMES",
-    "HookCommand",
     "HookFailed",
-    "HookName",
-    "HooksSpec",
-    "load_hooks",
-    "parse_hooks",
     "run_hooks",
 ]
 
-HookName = Literal["apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit"]
-HOOK_NAMES: tuple[HookName, ...] = ("apply-start", "pre-apply-mode", "pre-apply-config", "apply-exit")
 DEFAULT_HOOK_TIMEOUT_S = 300.0
 _TAIL_CHARS = 2000
 _REAP_S = 5.0  # after a kill, how long to wait for the pipes to close
-
-
-class _V1Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class HookCommand(_V1Model):
-    """One command of a hook."""
-
-    command: str
-    args: tuple[str, ...] = ()
-    envs: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
-
-    @field_validator("command")
-    @classmethod
-    def _absolute_command(cls, value: str) -> str:
-        if not os.path.isabs(value):
-            raise ValueError(
-                f"must be an absolute path (hooks do not inherit PATH), not {value!r}"
-                if value
-                else "must be an absolute path, not empty"
-            )
-        return value
-
-    @field_validator("workdir")
-    @classmethod
-    def _absolute_workdir(cls, value: str | None) -> str | None:
-        if value is not None and not os.path.isabs(value):
-            raise ValueError(f"must be an absolute path, not {value!r}")
-        return value
-
-    @field_validator("envs")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [name for name in value if not name or "=" in name or "\0" in name]
-        if bad:
-            raise ValueError(f"not valid environment variable names: {', '.join(map(repr, bad))}")
-        return value
-
-
-class _Hooks(_V1Model):
-    apply_start: tuple[HookCommand, ...] = Field(default=(), alias="apply-start")
-    pre_apply_mode: tuple[HookCommand, ...] = Field(default=(), alias="pre-apply-mode")
-    pre_apply_config: tuple[HookCommand, ...] = Field(default=(), alias="pre-apply-config")
-    apply_exit: tuple[HookCommand, ...] = Field(default=(), alias="apply-exit")
-
-
-class _HooksFile(_V1Model):
-    version: Literal["v1"]
-    hooks: _Hooks = _Hooks()
-
-
-@dataclass(frozen=True)
-class HooksSpec:
-    """A validated hooks file: the commands of each hook, in order."""
-
-    source: str
-    hooks: Mapping[str, tuple[HookCommand, ...]]  # keyed by the HOOK_NAMES
-
-    def commands(self, name: str) -> tuple[HookCommand, ...]:
-        return self.hooks.get(name, ())
-
-
-def _to_spec(model: _HooksFile, source: str) -> HooksSpec:
-    h = model.hooks
-    hooks: dict[str, tuple[HookCommand, ...]] = {
-        "apply-start": h.apply_start,
-        "pre-apply-mode": h.pre_apply_mode,
-        "pre-apply-config": h.pre_apply_config,
-        "apply-exit": h.apply_exit,
-    }
-    return HooksSpec(source, hooks)
-
-
-def parse_hooks(text: str, source: str) -> HooksSpec:
-    """Validate hooks ``text`` (YAML or JSON); :class:`ConfigError` lists every problem with its path."""
-    return _to_spec(parse_config_text(text, source, _HooksFile), source)
-
-
-def load_hooks(path: str | os.PathLike[str] | Path) -> HooksSpec:
-    """Read and validate a hooks file; an unreadable file is a :class:`ConfigError` too."""
-    name = os.fspath(path)
-    return _to_spec(load_config(name, _HooksFile), name)
 
 
 class HookFailed(Exception):

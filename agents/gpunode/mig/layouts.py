@@ -5,7 +5,7 @@
 * :func:`generate` - what ``gpunode-mig generate-config`` writes for the GPUs of this node, built from
   the GPU-instance profiles they report (§2.6).
 * :func:`export` - the live state of the node as a config, merged the way mig-parted merges it (§2.5).
-* :func:`render` - a spec as YAML or JSON text that :func:`~gpunode.mig.spec.parse_spec` reads back.
+* :func:`render` - a spec as YAML or JSON text that :func:`~gpunode.api.mig_config.parse_spec` reads back.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Literal
 
 import yaml
 
-from gpunode.mig.spec import DeviceFilter, GpuIdentity, MigEntry, MigSpec, parse_spec
+from gpunode.api.mig_config import DeviceFilter, GpuIdentity, MigEntry, MigSpec, parse_spec
+from gpunode.api.mig_profiles import MigProfileName, parse_profile
 from gpunode.nvml.api import GiProfile
-from gpunode.nvml.mig import MigProfileName, parse_profile
 
 __all__ = [
     "A30_PCI_ID",

@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from gpunode.api.mig_config import MigEntry, MigSpec, load_spec
 from gpunode.common import errors as common_errors
 from gpunode.common import sdnotify
 from gpunode.common.atomic import atomic_write_json
@@ -53,7 +54,7 @@ from gpunode.mig import DEFAULT_JOURNAL
 from gpunode.mig.apply import Applier, ApplyReport, RebootRequired
 from gpunode.mig.clients import HostClients
 from gpunode.mig.plan import Infeasible, NodePlan
-from gpunode.mig.spec import MigEntry, MigSpec, SelectionError, load_spec
+from gpunode.mig.selection import SelectionError
 from gpunode.nvml import errors as nvml_errors
 
 if TYPE_CHECKING:
@@ -209,10 +210,10 @@ def build_options(
     """The options from the resolved flags (``sources``: where each came from); ConfigError for a bad
     config, clients or hooks file, UsageError for a selected-config file in a directory that does not
     exist."""
+    from gpunode.api.gpu_clients import load_gpu_clients
+    from gpunode.api.mig_hooks import load_hooks
     from gpunode.common.errors import UsageError
     from gpunode.common.httpcore import default_listen_host
-    from gpunode.mig.clients import load_gpu_clients
-    from gpunode.mig.hooks import load_hooks
 
     bare = bool(values["selected_config_file"])
     if bare and not Path(values["selected_config_file"]).parent.is_dir():

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from gpunode.api.mig_profiles import MigProfileName, ProfileSyntaxError, parse_profile
 from gpunode.nvml import mig
 from gpunode.nvml.api import CiProfile, GiProfile, Placement
 
@@ -307,7 +308,7 @@ class _Gpu:
     def __init__(self, state: GpuState) -> None:
         self.state = state
         self.by_enum = {p.enum: p for p in state.gi_profiles}
-        self.by_name: dict[mig.MigProfileName, GiProfile] = {}
+        self.by_name: dict[MigProfileName, GiProfile] = {}
         for p in state.gi_profiles:
             parsed = _parse(p.name)
             if parsed is not None:
@@ -351,10 +352,10 @@ class _Gpu:
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse(name: str) -> mig.MigProfileName | None:
+def _parse(name: str) -> MigProfileName | None:
     try:
-        return mig.parse_profile(name)
-    except mig.ProfileSyntaxError:
+        return parse_profile(name)
+    except ProfileSyntaxError:
         return None
 
 
@@ -363,7 +364,7 @@ def _ci_name(profile: GiProfile, slices: int) -> str:
         return profile.name
     try:
         return mig.ci_profile_name(profile.name, slices)
-    except mig.ProfileSyntaxError:
+    except ProfileSyntaxError:
         return f"{slices}c.{profile.name}"
 
 
@@ -451,10 +452,10 @@ def _resolve(gpu: _Gpu, devices: Mapping[str, int]) -> dict[int, _Want]:
         if count <= 0:
             continue  # mig-parted pitfall: an explicit 0 must not make the layouts differ
         try:
-            parsed = mig.parse_profile(text)
-        except mig.ProfileSyntaxError as e:
+            parsed = parse_profile(text)
+        except ProfileSyntaxError as e:
             raise _Fail(str(e)) from None
-        key = mig.MigProfileName(parsed.g, parsed.gb, parsed.g, parsed.attrs, parsed.negative)
+        key = MigProfileName(parsed.g, parsed.gb, parsed.g, parsed.attrs, parsed.negative)
         profile = gpu.by_name.get(key)
         if profile is None:
             raise _Fail(f"unknown MIG profile {text}; this GPU has {gpu.profile_list()}")

@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from gpunode.api.mig_config import GpuIdentity
 from gpunode.common.hostpaths import HostPaths
 from gpunode.mig.plan import CiState, GiState, GpuState
-from gpunode.mig.spec import GpuIdentity
 from gpunode.nvml import errors
 from gpunode.nvml.api import GpuInfo, Nvml
 from gpunode.nvml.errors import ResetFailed

@@ -1,16 +1,18 @@
-"""Pure MIG arithmetic: profile enums, profile-name grammar, GB naming, placement ids.
+"""Pure MIG arithmetic: profile enums, GB naming, placement ids.
 
-Nothing here touches NVML; the simulator, the NVML library and (later) the MIG planner all share it.
-Facts follow NVIDIA's MIG user guide and mig-parted's profile grammar (see shared/reference/mig.md §1.3-1.4).
+Nothing here touches NVML; the simulator, the NVML library and the MIG planner all share it. Facts
+follow NVIDIA's MIG user guide and mig-parted's profile grammar (see shared/reference/mig.md §1.3-1.4);
+the grammar itself (:class:`MigProfileName`, :func:`parse_profile`) is the file formats' business, in
+:mod:`gpunode.api.mig_profiles`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import re
-from dataclasses import dataclass
 from fractions import Fraction
+
+from gpunode.api.mig_profiles import MigProfileName, parse_profile
 
 # GPU-instance profile enums as NVML defines them (the value passed to nvmlDeviceGetGpuInstanceProfileInfo).
 GI_1_SLICE = 0
@@ -80,66 +82,6 @@ CI_ENUMS: dict[int, int] = {
     CI_1_SLICE_REV1: 1,
     CI_7_SLICE_NVL: 7,
 }
-
-_ATTR_RE = re.compile(r"^[A-Za-z][A-Za-z0-9.]*$")
-_PROFILE_RE = re.compile(r"^(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?:(?P<sign>[+-])(?P<attrs>.+))?$")
-
-
-class ProfileSyntaxError(ValueError):
-    """A MIG profile string does not follow `[<C>c.]<G>g.<GB>gb[+attr,...|-attr,...]`."""
-
-
-@dataclass(frozen=True, order=True)
-class MigProfileName:
-    """A parsed profile string such as `1c.3g.20gb` or `1g.10gb+me`."""
-
-    g: int
-    gb: int
-    c: int
-    attrs: tuple[str, ...] = ()
-    negative: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        head = f"{self.g}g.{self.gb}gb" if self.c == self.g else f"{self.c}c.{self.g}g.{self.gb}gb"
-        if self.attrs:
-            head += "+" + ",".join(self.attrs)
-        if self.negative:
-            head += "-" + ",".join(self.negative)
-        return head
-
-    @property
-    def gi_name(self) -> str:
-        """The GPU-instance part of the name (the CI prefix dropped)."""
-        return str(MigProfileName(self.g, self.gb, self.g, self.attrs, self.negative))
-
-
-def parse_profile(text: str) -> MigProfileName:
-    """Parse a profile string; raises ProfileSyntaxError with the reason."""
-    m = _PROFILE_RE.match(text.strip())
-    if not m:
-        raise ProfileSyntaxError(
-            f"{text!r} is not a MIG profile (expected e.g. 1g.5gb, 1c.3g.20gb, 1g.10gb+me)"
-        )
-    g = int(m["g"])
-    c = int(m["c"]) if m["c"] else g
-    if g <= 0 or c <= 0 or int(m["gb"]) <= 0:
-        raise ProfileSyntaxError(f"{text!r}: slice and memory counts must be positive")
-    if c > g:
-        raise ProfileSyntaxError(f"{text!r}: compute slices ({c}c) exceed the GPU instance ({g}g)")
-    attrs: tuple[str, ...] = ()
-    negative: tuple[str, ...] = ()
-    if m["attrs"] is not None:
-        items = m["attrs"].split(",")
-        for item in items:
-            if not _ATTR_RE.match(item) or item.endswith("."):
-                raise ProfileSyntaxError(f"{text!r}: bad attribute {item!r}")
-        if len(set(items)) != len(items):
-            raise ProfileSyntaxError(f"{text!r}: repeated attribute")
-        if m["sign"] == "+":
-            attrs = tuple(sorted(items))
-        else:
-            negative = tuple(sorted(items))
-    return MigProfileName(g=g, gb=int(m["gb"]), c=c, attrs=attrs, negative=negative)
 
 
 def round_half_away(x: Fraction) -> int:

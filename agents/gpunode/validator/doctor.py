@@ -319,8 +319,9 @@ async def _mig_check(opts: DoctorOptions, facts: _Facts, node_labels: NodeLabels
         source = f"label {MIG_CONFIG_LABEL}"
     if not name:
         return Check("mig", "skip", f"MIG mode {modes}; no config selected (--mig-config or the node label)")
+    from gpunode.api.mig_config import UnknownConfig, load_spec
     from gpunode.mig.plan import Desired, Infeasible, plan_node
-    from gpunode.mig.spec import SelectionError, UnknownConfig, desired_per_gpu, load_spec
+    from gpunode.mig.selection import SelectionError, desired_per_gpu
     from gpunode.mig.state import identity, read_states, select_gpus
 
     file_hint = opts.mig_config_file or "the default layouts"

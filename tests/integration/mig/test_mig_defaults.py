@@ -4,7 +4,7 @@ GPU has its profiles, and is refused with the profile named where it does not; n
 from __future__ import annotations
 
 import pytest
-from gpunode.mig.spec import SelectionError, desired_per_gpu
+from gpunode.mig.selection import SelectionError, desired_per_gpu
 
 from gpunode.mig.apply import Applier
 from gpunode.mig.layouts import default_spec

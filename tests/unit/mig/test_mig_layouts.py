@@ -6,8 +6,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import pytest
-from gpunode.mig.spec import GpuIdentity, MigSpec, desired_per_gpu, parse_spec
+from gpunode.mig.selection import desired_per_gpu
 
+from gpunode.api.mig_config import GpuIdentity, MigSpec, parse_spec
+from gpunode.api.mig_profiles import parse_profile
 from gpunode.mig.layouts import (
     GENERATED_HEADER,
     NoProfilesDiscovered,
@@ -518,7 +520,7 @@ def test_export(
         gpu.index: dict(devices) if enabled else {} for gpu, enabled, devices in states if gpu.mig_capable
     }
     assert {i: dict(d.devices) for i, d in chosen.items()} == {
-        i: {str(mig.parse_profile(k)): v for k, v in d.items() if v} for i, d in live.items()
+        i: {str(parse_profile(k)): v for k, v in d.items() if v} for i, d in live.items()
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gpunode.api.mig_config import MigEntry, MigSpec
 from gpunode.mig.apply import ApplyReport, MigError, RebootRequired
 from gpunode.mig.clients import (
     ClientsError,
@@ -38,7 +39,6 @@ from gpunode.mig.manager import (
     unknown_config_reason,
 )
 from gpunode.mig.plan import GpuPlan, Infeasible, NodePlan
-from gpunode.mig.spec import MigEntry, MigSpec
 
 CONFIGS = ("all-disabled", "all-balanced", "impossible")
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import pytest
 
+from gpunode.api.mig_profiles import parse_profile
 from gpunode.mig import plan as mp
 from gpunode.nvml import mig
 from gpunode.nvml.api import CiProfile, GiProfile, Placement
@@ -159,7 +160,7 @@ class Driver:
 
 def canonical(devices: Mapping[str, int]) -> dict[str, int]:
     """Desired names spelled the way current_devices spells them."""
-    return {str(mig.parse_profile(k)): v for k, v in devices.items() if v > 0}
+    return {str(parse_profile(k)): v for k, v in devices.items() if v > 0}
 
 
 def layout(plan: mp.GpuPlan) -> list[str]:

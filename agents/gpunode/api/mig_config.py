@@ -1,4 +1,4 @@
-"""The mig-parted ``version: v1`` MIG config file, read strictly, and what it asks of each GPU.
+"""The mig-parted ``version: v1`` MIG config file, read strictly.
 
 The format is NVIDIA mig-parted's, key for key, so GPU Operator ConfigMaps work unchanged
 (shared/reference/mig.md §1.1-1.2)::
@@ -18,6 +18,9 @@ path, e.g. ``mig-configs.custom[1].device-filter[0]: 0x20B0 is not a PCI ID (exp
 0xDDDDVVVV[:0xSSSSWWWW])``. Profile keys are checked for their format only; whether a GPU offers the
 profile is the planner's business, per GPU. Zero counts are accepted and then dropped, so they never
 make two layouts differ (mig-parted compares key counts and rebuilds forever, §2.3).
+
+What a named config asks of each GPU of a node (mig-parted's selection walk) is the MIG agent's
+business: ``gpunode.mig.selection.desired_per_gpu``.
 """
 
 from __future__ import annotations
@@ -40,20 +43,17 @@ from pydantic import (
     model_validator,
 )
 
+from gpunode.api.mig_profiles import ProfileSyntaxError, parse_profile
 from gpunode.common.config import load_config, parse_config_text
 from gpunode.common.errors import ConfigError
-from gpunode.nvml.mig import ProfileSyntaxError, parse_profile
 
 __all__ = [
     "ConfigError",
-    "Desired",
     "DeviceFilter",
     "GpuIdentity",
     "MigEntry",
     "MigSpec",
-    "SelectionError",
     "UnknownConfig",
-    "desired_per_gpu",
     "load_spec",
     "parse_device_filter",
     "parse_spec",
@@ -346,7 +346,7 @@ def load_spec(path: str | os.PathLike[str] | Path) -> MigSpec:
     return _to_spec(load_config(name, _SpecFile), name)
 
 
-# ------------------------------------------------------------------------------------- what each GPU gets
+# --------------------------------------------------------------------------------- the GPUs entries match
 
 
 @dataclass(frozen=True)
@@ -363,80 +363,3 @@ class GpuIdentity:
         ids = f"0x{self.pci_device_id:08X}:0x{self.pci_subsystem_id:08X}"
         mig = "" if self.mig_capable else ", no MIG"
         return f"{self.index}: {self.name} ({ids}{mig})"
-
-
-@dataclass(frozen=True)
-class Desired:
-    """The state one GPU should be in, and the entry that decided it."""
-
-    mig_enabled: bool
-    devices: Mapping[str, int] = field(hash=False)  # canonical profile -> count (> 0); {} when disabled
-    entry: str
-
-
-class SelectionError(Exception):
-    """A config cannot be applied to this node as written (names the config, the entry and the GPU)."""
-
-
-def desired_per_gpu(
-    name: str, entries: Sequence[MigEntry], gpus: Sequence[GpuIdentity]
-) -> dict[int, Desired]:
-    """The desired MIG state of each GPU that config ``name`` covers, keyed by GPU index.
-
-    mig-parted's walk (shared/reference/mig.md §1.2, §2.2), made loud where it is silent:
-
-    * Entries are taken in file order. An entry matches a GPU when one of its filters matches the GPU's
-      PCI ids (no filter: any GPU) and its ``devices`` is ``all`` or lists the GPU's index. A later
-      matching entry overrides an earlier one for that GPU.
-    * A GPU without MIG: matched through ``devices: all`` it is skipped silently; listed by index with
-      ``mig-enabled: false`` it is skipped; listed by index with ``mig-enabled: true`` it is a
-      :class:`SelectionError`.
-    * An index that no GPU on this node has is a :class:`SelectionError`.
-    * An entry whose filters match nothing here is fine (the default config carries entries for other
-      products), but a config that matches no GPU at all is a :class:`SelectionError`, and so is one
-      that asks for MIG but matches only GPUs without MIG: never a silent success.
-    * GPUs that no entry covers are absent from the result: they are left alone.
-
-    Whether each GPU offers the requested profiles is not checked here; the planner does that per GPU.
-    """
-    by_index = {gpu.index: gpu for gpu in gpus}
-    result: dict[int, Desired] = {}
-    matched_any = False
-    wants_mig = False
-    for entry in entries:
-        if entry.devices != "all":
-            missing = [i for i in entry.devices if i not in by_index]
-            if missing:
-                have = ", ".join(str(i) for i in sorted(by_index)) or "none"
-                raise SelectionError(
-                    f'config "{name}", {entry.path}: GPU {", ".join(map(str, missing))} does not exist '
-                    f"on this node (GPU indices: {have})"
-                )
-        for gpu in gpus:
-            if not entry.matches(gpu):
-                continue
-            matched_any = True
-            wants_mig = wants_mig or entry.mig_enabled
-            if not gpu.mig_capable:
-                if entry.devices != "all" and entry.mig_enabled:
-                    raise SelectionError(
-                        f'config "{name}", {entry.path}: asks for MIG on GPU {gpu.describe()}, '
-                        "which does not support MIG"
-                    )
-                continue
-            devices = dict(entry.mig_devices) if entry.mig_enabled else {}
-            result[gpu.index] = Desired(entry.mig_enabled, devices, entry.path)
-    if not matched_any:
-        filters = sorted({str(f) for entry in entries for f in entry.filters})
-        wanted = ", ".join(filters) if filters else "any GPU"
-        present = "; ".join(gpu.describe() for gpu in gpus) or "none"
-        raise SelectionError(
-            f'config "{name}" matches no GPU on this node: GPUs are {present}; '
-            f"its entries filter for {wanted}"
-        )
-    if not result and wants_mig:
-        present = "; ".join(gpu.describe() for gpu in gpus)
-        raise SelectionError(
-            f'config "{name}" asks for MIG but matches only GPUs without MIG support: {present}'
-        )
-    return result
