@@ -50,6 +50,7 @@ class AsyncEndpoint:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT_S)
                 answer, keep_alive = respond(self.routes, head)
                 writer.write(answer)
+                del answer  # an idle kept-alive connection holds no copy of its last scrape
                 await writer.drain()
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             pass

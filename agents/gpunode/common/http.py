@@ -74,6 +74,7 @@ class _Handler(socketserver.StreamRequestHandler):
             while (head := _read_head(self.rfile)) is not None:
                 answer, keep_alive = respond(self.server.routes, head, allow_head=False)
                 self.wfile.write(answer)
+                del answer  # an idle kept-alive connection holds no copy of its last answer
                 if not keep_alive:
                     return
 
