@@ -1,4 +1,4 @@
-"""The validator's readers: CDI specs, container runtime configs, XID lines, names and durations."""
+"""The validator's readers: CDI specs, container runtime configs, names."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from gpunode.common.errors import UsageError
 from gpunode.common.hostpaths import HostPaths
-from gpunode.validator import checks, cli, doctor
+from gpunode.validator import checks, cli
 from gpunode.validator.checks import DeviceRef
 
 GPU0 = DeviceRef(0, "GPU-aaaa", 0)
@@ -160,38 +160,9 @@ def test_wait_names_from_env_and_bad_names() -> None:
         cli.wait_names(["../etc/passwd"], {})
 
 
-def test_exporter_xids() -> None:
-    body = (
-        'DCGM_FI_DEV_XID_ERRORS{gpu="0",UUID="GPU-a"} 0\n'
-        'DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-b",Hostname="n"} 79\n'
-        'DCGM_FI_DEV_GPU_UTIL{gpu="3"} 13\n'
-    )
-    assert doctor._exporter_xids(body) == [("3", 79)]
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds"), [("60s", 60.0), ("5m", 300.0), ("90", 90.0), ("500ms", 0.5), ("infinite", None)]
-)
-def test_interval(text: str, seconds: float | None) -> None:
-    assert doctor._interval(text) == seconds
-
-
 def test_device_node_problem(tmp_path: Path) -> None:
     marker = tmp_path / "nvidia0"
     marker.write_text("c 195:0\n")
     assert checks.device_node_problem(tmp_path / "nvidia9") == ("missing", 0)
     assert checks.device_node_problem(marker)[0] == "not a character device"
     assert checks.device_node_problem(marker, marker_ok=True)[0] == ""
-
-
-def test_render_table_shows_fixes_for_failures_only() -> None:
-    results = [
-        doctor.Check("nvml", "ok", "driver 1", "never shown"),
-        doctor.Check("cdi", "fail", "no spec", "generate it"),
-        doctor.Check("labels", "skip", "not a node"),
-    ]
-    table = doctor.render_table(results)
-    assert "fix: generate it" in table
-    assert "never shown" not in table
-    assert table.splitlines()[-1] == "1 ok, 0 warn, 1 fail, 1 skip"
-    assert json.loads(doctor.render_json(results))["ok"] is False

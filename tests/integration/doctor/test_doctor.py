@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from gpunode import doctor
+from gpunode.doctor import Check, diagnose
 from gpunode.nvml import errors
 from gpunode.sim import nvml as sim
-from gpunode.validator import doctor
-from gpunode.validator.doctor import Check, diagnose
 
 Node = Any  # the conftest's Node builder (fixture `node`)
 
