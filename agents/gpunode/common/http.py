@@ -72,7 +72,7 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         with contextlib.suppress(OSError):  # timeouts, resets
             while (head := _read_head(self.rfile)) is not None:
-                answer, keep_alive = respond(self.server.routes, head, allow_head=False)
+                answer, keep_alive = respond(self.server.routes, head)
                 self.wfile.write(answer)
                 del answer  # an idle kept-alive connection holds no copy of its last answer
                 if not keep_alive:

@@ -202,7 +202,7 @@ def build_response(
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body)
 
 
-def respond(routes: Mapping[str, Route], head: bytes, *, allow_head: bool = True) -> tuple[bytes, bool]:
+def respond(routes: Mapping[str, Route], head: bytes) -> tuple[bytes, bool]:
     """One request head (request line and headers, through the blank line) -> (answer, keep alive)."""
     lines = head.decode("latin-1").splitlines()
     parts = lines[0].split(" ") if lines else []
@@ -214,14 +214,14 @@ def respond(routes: Mapping[str, Route], head: bytes, *, allow_head: bool = True
         name, sep, value = line.partition(":")
         if sep:
             headers[name.strip().lower()] = value.strip()
-    if method not in (("GET", "HEAD") if allow_head else ("GET",)):
+    if method not in ("GET", "HEAD"):
         # a request body may follow; never read it as the next request
         answer = build_response(
             HTTPStatus.METHOD_NOT_ALLOWED,
-            b"only GET is allowed\n",
+            b"only GET and HEAD are allowed\n",
             TEXT,
             keep_alive=False,
-            headers={"Allow": "GET"},
+            headers={"Allow": "GET, HEAD"},
         )
         return answer, False
     keep_alive = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"

@@ -65,7 +65,7 @@ def _one(port: int, method: str, path: str) -> tuple[int, bytes, dict[str, str]]
     [
         ("GET", "/readyz", 503, b"not ready"),
         ("GET", "/nope", 404, b"/metrics, /readyz"),
-        ("POST", "/metrics", 405, b"only GET"),
+        ("POST", "/metrics", 405, b"only GET and HEAD"),
         ("HEAD", "/metrics", 200, b""),
     ],
 )
@@ -79,7 +79,7 @@ async def test_status_codes(
         assert body == b""
         assert int(headers["Content-Length"]) == len(b"accept=\n")  # length of the GET body
     if method == "POST":
-        assert headers["Allow"] == "GET"
+        assert headers["Allow"] == "GET, HEAD"
         assert headers["Connection"] == "close"  # the unread body is never parsed as a request
 
 

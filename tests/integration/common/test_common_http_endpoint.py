@@ -168,7 +168,7 @@ async def test_metrics_openmetrics_when_asked(server: tuple[HealthServer, FakeCl
         pytest.param("POST", "/healthz", 405, id="post"),
         pytest.param("PUT", "/metrics", 405, id="put"),
         pytest.param("DELETE", "/readyz", 405, id="delete"),
-        pytest.param("HEAD", "/healthz", 405, id="head"),
+        pytest.param("HEAD", "/healthz", 200, id="head"),
     ],
 )
 async def test_routes_and_methods(
@@ -178,7 +178,7 @@ async def test_routes_and_methods(
     reply = await request(endpoint.port, path, method=method)
     assert reply.status == status
     if status == 405:
-        assert reply.headers["Allow"] == "GET"
+        assert reply.headers["Allow"] == "GET, HEAD"
 
 
 async def test_metrics_404_without_registry() -> None:

@@ -63,15 +63,18 @@ def test_head_sends_the_get_headers_without_the_body() -> None:
 def test_other_methods_are_405_and_close(method: str) -> None:
     answer, keep = respond(_routes(), f"{method} /metrics HTTP/1.1\r\n\r\n".encode())
     status, headers, body = _parse(answer)
-    assert (status, body, keep) == ("HTTP/1.1 405 Method Not Allowed", b"only GET is allowed\n", False)
-    assert headers["Allow"] == "GET"
+    assert (status, body, keep) == ("HTTP/1.1 405 Method Not Allowed", b"only GET and HEAD are allowed\n", False)
+    assert headers["Allow"] == "GET, HEAD"
     assert headers["Content-Type"] == TEXT == "text/plain; charset=utf-8"
 
 
-def test_head_can_be_refused() -> None:
-    answer, keep = respond(_routes(), b"HEAD /metrics HTTP/1.1\r\n\r\n", allow_head=False)
-    assert _parse(answer)[0] == "HTTP/1.1 405 Method Not Allowed"
-    assert keep is False
+def test_head_answers_headers_only() -> None:
+    answer, keep = respond(_routes(), b"HEAD /metrics HTTP/1.1\r\n\r\n")
+    status, headers, body = _parse(answer)
+    assert status == "HTTP/1.1 200 OK"
+    assert int(headers["Content-Length"]) > 0
+    assert body == b""
+    assert keep is True
 
 
 def test_unknown_path_is_404_naming_the_routes() -> None:
