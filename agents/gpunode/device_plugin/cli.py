@@ -22,12 +22,12 @@ from gpunode.common.cli import (
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.httpcore import default_listen_host
-from gpunode.common.labelconfig import add_label_config_flags, parse_fallback_strategies
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
 from gpunode.device_plugin.health import HealthConfigError, XidPolicy
 from gpunode.device_plugin.plugin import AgentOptions, ConfigDirOptions, DevicePlugin
 from gpunode.device_plugin.settings import PluginSettings, settings_from_config
+from gpunode.kube.labelconfig import add_label_config_flags, parse_fallback_strategies
 
 if TYPE_CHECKING:
     from gpunode.api.plugin_config import PluginConfig

@@ -4,7 +4,7 @@ One TaskGroup of named tasks: registrar, kubelet directory watch, self-check, NV
 changes), health probe (lost GPUs, recovery), config watch, SIGHUP reload, HTTP endpoint, watchdog.
 
 With ``--config-file`` naming a directory of named configs (a ConfigMap mount), the node label
-``nvidia.com/device-plugin.config`` chooses the file (:mod:`gpunode.common.labelconfig`), in process: the
+``nvidia.com/device-plugin.config`` chooses the file (:mod:`gpunode.kube.labelconfig`), in process: the
 node is watched (node-watch), the directory too (config-watch), changes of either are applied live
 (config-select), and the outcome is written to the node's annotations (config-report). This replaces
 NVIDIA's config-manager sidecar.
@@ -26,14 +26,6 @@ from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.fswatch import watch_directory
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import HealthServer
-from gpunode.common.labelconfig import (
-    DEFAULT_FALLBACKS,
-    DEVICE_PLUGIN_CONFIG_LABEL,
-    Selection,
-    SelectionSource,
-    list_configs,
-    select_config,
-)
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import Backoff, on_sighup, sleep_or, supervise, trim_memory
@@ -43,6 +35,14 @@ from gpunode.device_plugin.metrics import DevicePluginMetrics
 from gpunode.device_plugin.registration import RegistrationFailed, register
 from gpunode.device_plugin.server import ResourceServer, SharedState
 from gpunode.device_plugin.settings import PluginSettings
+from gpunode.kube.labelconfig import (
+    InForce,
+    LabelConfig,
+    LabelConfigOptions,
+    Loaded,
+    NoUsableConfig,
+    one_line,
+)
 from gpunode.nvml import errors
 from gpunode.nvml.caps import read_mig_minors
 
@@ -55,37 +55,10 @@ from gpunode.nvml.api import EVENT_DBE, EVENT_MIG_CONFIG, EVENT_SBE, EVENT_XID, 
 AGENT = "device-plugin"
 EVENT_MASK = EVENT_XID | EVENT_SBE | EVENT_DBE | EVENT_MIG_CONFIG
 EVENTS_READY_TIMEOUT = 5.0  # a wedged event registration must not hold back registration
-STATE_ANNOTATION = "nvidia.com/device-plugin.config.state"  # "applied" or "failed: <reason>"
-APPLIED_ANNOTATION = "nvidia.com/device-plugin.config.applied"  # the config in force ("" = built-in)
-MAX_REASON = 300  # characters of a failure reason in the annotation
 
 
-@dataclass(frozen=True)
-class ConfigDirOptions:
-    """``--config-file`` naming a directory of named configs, one of them chosen by a node label."""
-
-    directory: Path
-    node_label: str = DEVICE_PLUGIN_CONFIG_LABEL
-    default_config: str | None = None
-    fallbacks: tuple[str, ...] = DEFAULT_FALLBACKS
-    first_label_wait: float = 10.0  # at start, how long to wait for the node's label (then: default chain)
-    settle: float = 0.1  # a ConfigMap update is several renames in a row: wait for quiet
-
-
-@dataclass(frozen=True)
-class InForce:
-    """The named config the plugin serves with; ``name`` None: no file (built-in defaults)."""
-
-    name: str | None
-    source: SelectionSource
-    digest: str | None
-
-
-def one_line(error: BaseException | str, limit: int = MAX_REASON) -> str:
-    """A failure as one short line for a node annotation (every problem of a ConfigError, joined)."""
-    text = f"{error.path}: {'; '.join(error.problems)}" if isinstance(error, ConfigError) else str(error)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+ConfigDirOptions = LabelConfigOptions  # --config-file naming a directory: the node label chooses the file
+DirConfig = tuple["PluginConfig | None", PluginSettings]  # what a file of the directory loads into
 
 
 @dataclass(frozen=True)
@@ -154,16 +127,16 @@ class DevicePlugin:
         self._silent_since: dict[str, float] = {}
         self._trimmed = 0.0
         # label-selected config (opts.config_dir)
-        self._label: str | None = None  # None: not known yet (API server not reached)
-        self._label_known = asyncio.Event()
-        self._reselect = asyncio.Event()
-        self._in_force: InForce | None = None
-        self._rejected: tuple[str | None, str | None, str] | None = None  # (name, digest, reason)
-        self._selection_error: str | None = None
-        self._want: dict[str, str] = {}  # the annotations the node should carry
-        self._reported: dict[str, str] | None = None  # what it carries (None: not read yet)
-        self._report_kick = asyncio.Event()
-        self._kube_error = ""
+        self.dir_config: LabelConfig[DirConfig] | None = None
+        if opts.config_dir is not None:
+            self.dir_config = LabelConfig(
+                opts.config_dir,
+                self._load_dir_config,
+                kube=kube,
+                report=True,  # the device plugin says on the node which config it serves
+                log=self.log,
+                count_error=self.base_metrics.count_error,
+            )
         self._starting_name: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -173,33 +146,34 @@ class DevicePlugin:
                 "nvml", lambda: (self.nvml is not None, "" if self.nvml else "NVML unavailable")
             )
             self.http.add_check("registered", self._registered_check)
-            if self.kube is not None:
-                self.http.add_check("kube", self._kube_check)
-        config_dir = self.opts.config_dir
-        chosen: InForce | None = None
-        failure: str | None = None
+            if self.kube is not None and self.dir_config is not None:
+                self.http.add_check("kube", self.dir_config.kube_check)
+        dir_config = self.dir_config
+        loaded: Loaded[DirConfig] | None = None
         try:
             async with asyncio.TaskGroup() as tg:
                 if self.http is not None:
                     tg.create_task(self.http.serve(), name="http")
                 tg.create_task(sdnotify.watchdog_task(), name="watchdog")
-                if config_dir is not None:
+                if dir_config is not None:
                     if self.kube is not None:
-                        tg.create_task(self._supervised("node-watch", self._node_watch), name="node-watch")
                         tg.create_task(
-                            self._supervised("config-report", self._config_reporter), name="config-report"
+                            self._supervised("node-watch", dir_config.watch_node), name="node-watch"
                         )
-                        await self._wait_for_label(config_dir.first_label_wait)
-                    chosen, failure = await self._select_at_start(config_dir)
+                        tg.create_task(
+                            self._supervised("config-report", dir_config.report_state), name="config-report"
+                        )
+                        await dir_config.wait_for_label()
+                    loaded = await self._first_dir_config(dir_config)
                 self.nvml = await self._open_nvml()
                 try:
                     await self.reconcile(initial=True)
                 except ConfigError as exc:
-                    if config_dir is not None:
-                        await self._report_final(one_line(exc))
+                    if dir_config is not None:
+                        await dir_config.report_final(one_line(exc))
                     raise
-                if chosen is not None:
-                    self._took(chosen, failure)
+                if dir_config is not None and loaded is not None:
+                    dir_config.took(loaded.chosen, loaded.failure)
                 trim_memory()
                 # Health events are watched before the kubelet hears of any device: an XID in between
                 # would otherwise go unseen.
@@ -219,12 +193,15 @@ class DevicePlugin:
                 tg.create_task(self._rebuilder(), name="rebuild")
                 if self.opts.config_file is not None:
                     tg.create_task(self._supervised("config-watch", self._config_watch), name="config-watch")
-                if config_dir is not None:
+                if dir_config is not None:
                     tg.create_task(
-                        self._supervised("config-watch", self._config_dir_watch), name="config-watch"
+                        self._supervised("config-watch", dir_config.watch_directory), name="config-watch"
                     )
                     tg.create_task(
-                        self._supervised("config-select", self._config_selector), name="config-select"
+                        self._supervised(
+                            "config-select", lambda: dir_config.follow_changes(self._apply_dir_config)
+                        ),
+                        name="config-select",
                     )
                 tg.create_task(on_sighup(self.reload, metrics=self.base_metrics, log=self.log), name="sighup")
         finally:
@@ -534,19 +511,20 @@ class DevicePlugin:
             return str(self.opts.config_file)
         d = self.opts.config_dir
         if d is not None:
-            name = self._in_force.name if self._in_force is not None else self._starting_name
+            in_force = self.dir_config.in_force if self.dir_config is not None else None
+            name = in_force.name if in_force is not None else self._starting_name
             return str(d.directory / name) if name else f"{d.directory} (no file: built-in defaults)"
         return "<flags>"
 
     async def reload(self) -> None:
         """SIGHUP or a changed config file: a bad new config is logged and the last good one stays."""
-        if self.opts.config_dir is not None:
-            await self._apply_selection(force=True)
+        if self.dir_config is not None:
+            await self.dir_config.reload(self._apply_dir_config)
             return
         new_config = self.config
         if self.opts.config_file is not None:
-            from gpunode.common.config import load_config
             from gpunode.api.plugin_config import PluginConfig
+            from gpunode.common.config import load_config
 
             try:
                 new_config = load_config(self.opts.config_file, PluginConfig)
@@ -586,302 +564,44 @@ class DevicePlugin:
             await self.reload()
 
     # -- configuration chosen by a node label (a directory of named configs) -------------------------
-    def _select(self, d: ConfigDirOptions, label: str | None) -> tuple[Selection, tuple[str, ...]]:
-        try:
-            names = list_configs(d.directory)
-        except OSError as exc:
-            reason = f"cannot list {d.directory}: {exc.strerror or exc}"
-            return Selection(None, None, "the directory cannot be listed", reason), ()
-        chosen = select_config(
-            names, label, default_config=d.default_config, fallbacks=d.fallbacks, where=d.directory
-        )
-        return chosen, names
-
-    def _read(self, d: ConfigDirOptions, name: str | None) -> tuple[bytes | None, str | None]:
-        """The named file's content and digest ((None, None) for no file); ConfigError if unreadable."""
-        if name is None:
-            return None, None
-        path = d.directory / name
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
-        return data, hashlib.sha256(data).hexdigest()
-
-    def _parse(
-        self, d: ConfigDirOptions, name: str | None, data: bytes | None
-    ) -> tuple[PluginConfig | None, PluginSettings]:
-        """The config and the effective settings (flags and env vars still win); ConfigError if bad."""
+    def _load_dir_config(self, path: Path | None) -> DirConfig:
+        """A file of the directory (None: no file) -> its config and the effective settings (flags and
+        env vars still win); ConfigError if bad."""
+        d = self.opts.config_dir
+        assert d is not None
         config = None
-        if name is not None and data is not None:
-            from gpunode.common.config import parse_config_text
+        if path is not None:
             from gpunode.api.plugin_config import PluginConfig
+            from gpunode.common.config import load_config
 
-            path = str(d.directory / name)
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ConfigError(path, [f"not valid UTF-8 (byte offset {exc.start})"]) from None
-            config = parse_config_text(text, path, PluginConfig)
+            config = load_config(path, PluginConfig)
         try:
             return config, self.opts.load_settings(config)
         except (ValueError, UsageError) as exc:
-            raise ConfigError(str(d.directory / (name or "")), [str(exc)]) from None
+            raise ConfigError(str(path or d.directory), [str(exc)]) from None
 
-    async def _wait_for_label(self, limit: float) -> None:
-        """At start: the node's label, unless the API server is away (then the default chain serves)."""
-        assert self.kube is not None
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        while not self._label_known.is_set():
-            waited = loop.time() - started
-            away = self.kube.available is False or bool(self._kube_error)
-            if waited >= limit or (away and waited >= 1.0):
-                self.log.warning(
-                    "node_label_unknown",
-                    error=self._kube_error or self.kube.last_error or f"no answer within {limit:g}s",
-                    action="serving with the default config chain; the label applies once the API answers",
-                )
-                return
-            await sleep_or(self._label_known, 0.05)
-
-    async def _select_at_start(self, d: ConfigDirOptions) -> tuple[InForce, str | None]:
-        """The first config: the label's, else the default chain's (nothing is in force to keep yet).
-
-        Sets the settings the first reconcile serves with; a :class:`ConfigError` (exit 2) when no
-        choice can be loaded at all.
-        """
-        selection, names = self._select(d, self._label)
-        failures: list[str] = []
-        candidates = [selection]
-        if selection.source == "label":  # should its content be refused, the default chain is next
-            candidates.append(self._select(d, None)[0])
-        tried: set[str | None] = set()
-        for candidate in candidates:
-            if candidate.error and candidate.error not in failures:
-                failures.append(candidate.error)
-            if not candidate.chosen or candidate.name in tried:
-                continue
-            tried.add(candidate.name)
-            digest = None
-            try:
-                data, digest = self._read(d, candidate.name)
-                config, settings = self._parse(d, candidate.name, data)
-            except ConfigError as exc:
-                self.log.error("config_rejected", error=str(exc), config=candidate.name)
-                self.base_metrics.count_error("config")
-                failures.append(one_line(exc))
-                self._rejected = (candidate.name, digest, one_line(exc))  # not again for the same content
-                continue
-            assert candidate.source is not None
-            self._starting_name = candidate.name
-            self.config = config
-            self.state.settings = settings
-            if selection.error:
-                self._selection_error = selection.error
-                self.log.error("config_selection_failed", reason=selection.error, label=self._label)
-            return InForce(candidate.name, candidate.source, digest), "; ".join(failures) or None
-        reason = "; ".join(failures) or f"no usable config in {d.directory} (have: {', '.join(names)})"
-        self.log.error("config_selection_failed", reason=reason, label=self._label)
-        await self._report_final(one_line(reason))
-        raise ConfigError(str(d.directory), [reason])
-
-    def _took(self, chosen: InForce, failure: str | None) -> None:
-        """``chosen`` is in force now: log it and say so on the node."""
-        kept = self._in_force is not None and self._in_force.name == chosen.name and failure is not None
-        self._in_force = chosen
-        self.log.info(
-            "config_selected",
-            name=chosen.name,
-            source=chosen.source,
-            label=self._label,
-            **({"kept": "the selection failed; the config in force follows its file"} if kept else {}),
-        )
-        self._set_state(failure)
-
-    def _set_state(self, *reasons: str | None) -> None:
-        problems = [r for r in reasons if r]
-        state = "failed: " + one_line("; ".join(problems)) if problems else "applied"
-        applied = ""
-        if self._in_force is not None and self._in_force.name is not None:
-            applied = self._in_force.name
-        want = {STATE_ANNOTATION: state, APPLIED_ANNOTATION: applied}
-        if want != self._want:
-            self._want = want
-            self.log.info("config_state", state=state, applied=applied)
-            self._report_kick.set()
-
-    async def _apply_selection(self, *, force: bool = False) -> None:
-        """Choose again (the label or the directory changed) and apply what changed.
-
-        Keep-last-good: a label naming a missing file, a directory that cannot be read, a file that
-        does not parse, or resources the kubelet could not take leave the config in force as it is;
-        each is logged and reported on the node. The content of the config in force is still followed.
-        """
-        d = self.opts.config_dir
-        assert d is not None
-        current = self._in_force
-        assert current is not None  # set at start
-        selection, _ = self._select(d, self._label)
-        if selection.error != self._selection_error:
-            self._selection_error = selection.error
-            if selection.error:
-                self.log.error("config_selection_failed", reason=selection.error, label=self._label)
-                self.base_metrics.count_error("config-selection")
-        name: str | None
-        if selection.source is not None and selection.error is None:
-            name, source = selection.name, selection.source
-        else:
-            name, source = current.name, current.source  # keep the config in force
+    async def _first_dir_config(self, dir_config: LabelConfig[DirConfig]) -> Loaded[DirConfig]:
+        """The settings the first reconcile serves with; ConfigError (exit 2) when nothing loads."""
         try:
-            data, digest = self._read(d, name)
-        except ConfigError as exc:
-            if name == current.name:  # the file in force went away: keep serving what was read
-                self._set_state(selection.error, one_line(exc))
-                return
-            data, digest = None, None
-            problem: str | None = one_line(exc)
-        else:
-            problem = None
-        if problem is None and not force and (name, digest) == (current.name, current.digest):
-            if source != current.source:
-                self._in_force = InForce(name, source, digest)
-            self._rejected = None
-            self._set_state(selection.error)
-            return
-        rejected = self._rejected
-        if problem is None and not force and rejected is not None and rejected[:2] == (name, digest):
-            self._set_state(selection.error, rejected[2])  # still the content refused before
-            return
-        if problem is None:
-            try:
-                config, settings = self._parse(d, name, data)
-            except ConfigError as exc:
-                self.log.error(
-                    "config_rejected",
-                    error=str(exc),
-                    config=name,
-                    keeping=f"the config in force ({current.name or 'built-in defaults'})",
-                )
-                self.base_metrics.count_error("config")
-                problem = one_line(exc)
-            else:
-                before = set(self.servers)
-                refused = await self.reconcile(settings=settings)
-                if refused is None:
-                    self.config = config
-                    self._rejected = None
-                    self.log.info(
-                        "config_reloaded",
-                        config=name,
-                        added=sorted(set(self.servers) - before),
-                        removed=sorted(before - set(self.servers)),
-                    )
-                    self._took(InForce(name, source, digest), selection.error)
-                    return
-                problem = one_line(f"{d.directory / (name or '')}: {refused}")
-        self._rejected = (name, digest, problem)
-        self._set_state(selection.error, problem)
+            loaded = await dir_config.first()
+        except NoUsableConfig as exc:
+            raise ConfigError(exc.directory, [exc.reason]) from None
+        self._starting_name = loaded.chosen.name
+        self.config, self.state.settings = loaded.config
+        return loaded
 
-    async def _config_dir_watch(self) -> None:
-        """Any change in the directory (a ConfigMap update swaps ``..data``) makes the choice again."""
-        d = self.opts.config_dir
-        assert d is not None
-        async for _ in watch_directory(d.directory, writes=True):
-            self._reselect.set()
-
-    async def _config_selector(self) -> None:
-        d = self.opts.config_dir
-        assert d is not None
-        self._reselect.set()  # one pass at once: a change between the first choice and the watch counts
-        while True:
-            await self._reselect.wait()
-            while True:  # wait for a quiet moment: one ConfigMap update is several renames
-                self._reselect.clear()
-                if not await sleep_or(self._reselect, d.settle):
-                    break
-            await self._apply_selection()
-
-    async def _node_watch(self) -> None:
-        """The node's label (and our annotations on it), from one watch that survives API outages."""
-        from gpunode.kube.api import KubeError
-
-        d = self.opts.config_dir
-        assert self.kube is not None
-        assert d is not None
-        backoff = Backoff(first=0.5, cap=30.0)
-        while True:
-            try:
-                async for node in self.kube.watch_node():
-                    backoff.reset()
-                    self._kube_error = ""
-                    if self._reported is None:
-                        self._reported = {
-                            k: node.annotations[k]
-                            for k in (STATE_ANNOTATION, APPLIED_ANNOTATION)
-                            if k in node.annotations
-                        }
-                        self._report_kick.set()
-                    label = node.labels.get(d.node_label, "")
-                    if not self._label_known.is_set() or label != self._label:
-                        if self._label_known.is_set():
-                            self.log.info(
-                                "node_label_changed", label=d.node_label, value=label, previous=self._label
-                            )
-                        self._label = label
-                        self._label_known.set()
-                        self._reselect.set()
-            except KubeError as exc:  # 403 / 404: the watch itself retries outages
-                self._kube_error = str(exc)
-                delay = backoff.next()
-                self.log.error("node_watch_failed", error=str(exc), retry_in_s=delay)
-                self.base_metrics.count_error("kube")
-                await asyncio.sleep(delay)
-
-    async def _config_reporter(self) -> None:
-        """Write the wanted annotations when they differ from what the node carries; retry failures."""
-        from gpunode.kube.api import KubeError
-
-        assert self.kube is not None
-        backoff = Backoff(first=0.5, cap=30.0)
-        while True:
-            await self._report_kick.wait()
-            self._report_kick.clear()
-            if self._reported is None:
-                continue  # the node has not been read yet; the watch kicks when it is
-            patch = {k: v for k, v in self._want.items() if self._reported.get(k) != v}
-            if not patch:
-                continue
-            try:
-                await self.kube.patch_node(annotations=patch)
-            except KubeError as exc:
-                delay = backoff.next()
-                self.log.warning("config_state_not_reported", error=str(exc), retry_in_s=delay)
-                self.base_metrics.count_error("kube")
-                await sleep_or(self._report_kick, delay)
-                self._report_kick.set()
-                continue
-            backoff.reset()
-            self._reported.update(patch)
-            self.log.info("config_state_reported", annotations=patch)
-
-    async def _report_final(self, reason: str) -> None:
-        """Before exiting for want of any usable config: say why on the node, if the API answers soon."""
-        if self.kube is None:
-            return
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(3.0):
-                await self.kube.patch_node(
-                    annotations={STATE_ANNOTATION: f"failed: {one_line(reason)}", APPLIED_ANNOTATION: ""}
-                )
-
-    def _kube_check(self) -> tuple[bool, str]:
-        kube = self.kube
-        assert kube is not None
-        if self._kube_error:
-            return (False, self._kube_error)
-        if kube.available is None:
-            return (False, "API server not reached yet")
-        if not kube.available:
-            return (False, kube.last_error or "API server unreachable")
-        return (True, f"node {kube.node_name}")
+    async def _apply_dir_config(self, loaded: DirConfig, chosen: InForce) -> str | None:
+        """Serve a newly chosen (or changed) config: None, or why its resources were refused."""
+        config, settings = loaded
+        before = set(self.servers)
+        refused = await self.reconcile(settings=settings)
+        if refused is not None:
+            return refused
+        self.config = config
+        self.log.info(
+            "config_reloaded",
+            config=chosen.name,
+            added=sorted(set(self.servers) - before),
+            removed=sorted(before - set(self.servers)),
+        )
+        return None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -14,16 +13,15 @@ from typing import TYPE_CHECKING
 
 from gpunode.api.plugin_types import TimeSlicing
 from gpunode.common import sdnotify
-from gpunode.common.fswatch import watch_directory
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import HealthServer
-from gpunode.common.labelconfig import list_configs, select_config
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
-from gpunode.common.runtime import on_sighup, sleep_or, trim_memory
+from gpunode.common.runtime import on_sighup, trim_memory
 from gpunode.feature_discovery.facts import gather_facts
 from gpunode.feature_discovery.labels import LabelResult, NodeFacts, compute_labels
 from gpunode.feature_discovery.output import FeatureFile, NodeFeatureOutput, OutputError, expiry_after_stop
+from gpunode.kube.labelconfig import InForce, LabelConfig, LabelConfigOptions, NoUsableConfig
 from gpunode.nvml import errors
 
 if TYPE_CHECKING:
@@ -54,17 +52,12 @@ class FdOptions:
     config_dir: ConfigDir | None = None  # --config-file naming a directory: a node label chooses
 
 
-@dataclass(frozen=True)
-class ConfigDir:
+@dataclass(frozen=True, kw_only=True)
+class ConfigDir(LabelConfigOptions):
     """The device plugin's config directory (a ConfigMap mount); the node label chooses the file, as
     for the device plugin, so sharing labels always describe what the plugin advertises."""
 
-    directory: Path
     load: Callable[[Path | None], FdReload]  # a file's settings (None: no file); raises when bad
-    node_label: str
-    default_config: str | None = None
-    fallbacks: tuple[str, ...] = ("named", "single")
-    settle: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -86,10 +79,6 @@ class FeatureDiscovery:
         self.opts = opts
         self.node_feature = node_feature
         self.kube = kube if kube is not None else (node_feature.kube if node_feature is not None else None)
-        self._label: str | None = None  # the config label's value (config directory mode)
-        self._in_force: tuple[str | None, str | None] | None = None  # (name, digest) of the config
-        self._config_error: str | None = None
-        self._reselect = asyncio.Event()
         self.open_nvml = open_nvml
         self.clock = clock
         self.log = get_logger("gpunode.feature_discovery")
@@ -108,6 +97,15 @@ class FeatureDiscovery:
             if opts.http_port is not None
             else None
         )
+        self.dir_config: LabelConfig[FdReload] | None = None  # --config-file naming a directory
+        if opts.config_dir is not None:
+            self.dir_config = LabelConfig(
+                opts.config_dir,
+                opts.config_dir.load,
+                kube=self.kube,
+                log=self.log,
+                count_error=self.metrics.count_error,
+            )
 
     # -- one pass --------------------------------------------------------------------------------------
     async def facts(self) -> NodeFacts:
@@ -180,8 +178,8 @@ class FeatureDiscovery:
     # -- the loop --------------------------------------------------------------------------------------
     async def run(self) -> None:
         try:
-            if self.opts.config_dir is not None:
-                await self._first_config(self.opts.config_dir)
+            if self.dir_config is not None:
+                await self._first_config(self.dir_config)
             self.nvml = await self._open_nvml()
             if self.opts.oneshot:
                 await self.label_once()
@@ -212,11 +210,13 @@ class FeatureDiscovery:
                 trim_memory()
                 sdnotify.notify(ready=True, status=f"{len(self.last.labels) if self.last else 0} labels")
                 tg.create_task(on_sighup(self.reload, metrics=self.metrics, log=self.log), name="sighup")
-                if self.opts.config_dir is not None:
-                    tg.create_task(self._follow_directory(self.opts.config_dir), name="config-watch")
-                    tg.create_task(self._config_selector(self.opts.config_dir), name="config-select")
+                if self.dir_config is not None:
+                    tg.create_task(self.dir_config.watch_directory(), name="config-watch")
+                    tg.create_task(
+                        self.dir_config.follow_changes(self._apply_dir_config), name="config-select"
+                    )
                     if self.kube is not None:
-                        tg.create_task(self._follow_label(self.opts.config_dir), name="node-watch")
+                        tg.create_task(self.dir_config.watch_node(), name="node-watch")
                 tg.create_task(self._passes(), name="labeling")
         finally:
             self._on_exit()
@@ -280,8 +280,8 @@ class FeatureDiscovery:
 
     async def reload(self) -> None:
         """SIGHUP: re-read the config (a bad one keeps the last good), new timestamp, label at once."""
-        if self.opts.config_dir is not None:
-            self._apply_config(self.opts.config_dir, force=True)
+        if self.dir_config is not None:
+            await self.dir_config.reload(self._apply_dir_config)
         elif self.opts.reload is not None:
             try:
                 fresh = self.opts.reload()
@@ -314,104 +314,19 @@ class FeatureDiscovery:
             self.log.info("labels_expire", file=str(self.output.path), at=expiry.isoformat())
 
     # -- the config chosen by a node label (--config-file naming a directory) ---------------------------
-    async def _first_config(self, d: ConfigDir) -> None:
-        """The label's config before the first pass; the default chain when the API server is away."""
-        if self.kube is not None:
-            from gpunode.kube.api import KubeError
+    async def _first_config(self, dir_config: LabelConfig[FdReload]) -> None:
+        """The label's config before the first pass; the default chain when the API server is away.
+        With no usable config at all, the flags' settings serve until one loads."""
+        await dir_config.wait_for_label(run_watch=True)  # the node watch proper starts after the first pass
+        try:
+            loaded = await dir_config.first()
+        except NoUsableConfig:
+            return  # logged; a later change of the label or the directory may bring a usable config
+        self.mig_strategy, self.sharing = loaded.config.mig_strategy, loaded.config.sharing
+        dir_config.took(loaded.chosen, loaded.failure)
 
-            try:
-                async with asyncio.timeout(self.kube.timeout * 2):
-                    node = await self.kube.get_node()
-                self._label = node.labels.get(d.node_label, "")
-            except (KubeError, TimeoutError) as exc:
-                self.log.warning(
-                    "node_label_unknown",
-                    error=str(exc) or "timed out",
-                    action="using the default config chain until the API server answers",
-                )
-        self._apply_config(d)
-
-    def _apply_config(self, d: ConfigDir, *, force: bool = False) -> bool:
-        """Choose again and apply a change. Keep-last-good: a label naming a missing file keeps the
-        config in force (following its content); a file that does not load is logged and skipped."""
-        try:
-            names = list_configs(d.directory)
-        except OSError as exc:
-            self._selection_failed(f"cannot list {d.directory}: {exc.strerror or exc}")
-            return False
-        selection = select_config(
-            names, self._label, default_config=d.default_config, fallbacks=d.fallbacks, where=d.directory
-        )
-        if selection.error:
-            self._selection_failed(selection.error)
-        else:
-            self._config_error = None
-        if not selection.chosen:
-            return False
-        name = selection.name
-        if selection.error and self._in_force is not None:
-            name = self._in_force[0]
-        path = d.directory / name if name is not None else None
-        try:
-            digest = hashlib.sha256(path.read_bytes()).hexdigest() if path is not None else None
-        except OSError as exc:
-            self.log.error(
-                "config_rejected", error=f"{path}: {exc.strerror or exc}", keeping="the config in force"
-            )
-            return False
-        if not force and self._in_force == (name, digest):
-            return False
-        try:
-            fresh = d.load(path)
-        except Exception as exc:
-            self.log.error("config_rejected", error=str(exc), config=name, keeping="the config in force")
-            self.metrics.count_error("config")
-            return False
+    async def _apply_dir_config(self, fresh: FdReload, chosen: InForce) -> str | None:
+        """Label with a newly chosen (or changed) config, at once."""
         self.mig_strategy, self.sharing = fresh.mig_strategy, fresh.sharing
-        self._in_force = (name, digest)
-        self.log.info(
-            "config_selected",
-            name=name,
-            source=selection.source if name == selection.name else "kept",
-            label=self._label,
-        )
-        return True
-
-    def _selection_failed(self, reason: str) -> None:
-        if reason != self._config_error:
-            self._config_error = reason
-            self.log.error("config_selection_failed", reason=reason, label=self._label)
-            self.metrics.count_error("config-selection")
-
-    async def _follow_label(self, d: ConfigDir) -> None:
-        from gpunode.kube.api import KubeError
-
-        assert self.kube is not None
-        while True:
-            try:
-                async for node in self.kube.watch_node():
-                    label = node.labels.get(d.node_label, "")
-                    if label != self._label:
-                        self.log.info(
-                            "node_label_changed", label=d.node_label, value=label, previous=self._label
-                        )
-                        self._label = label
-                        self._reselect.set()
-            except KubeError as exc:  # 403 / 404; outages are retried inside the watch
-                self.log.error("node_watch_failed", error=str(exc), retry_in_s=30)
-                self.metrics.count_error("kube")
-                await asyncio.sleep(30)
-
-    async def _follow_directory(self, d: ConfigDir) -> None:
-        async for _ in watch_directory(d.directory, writes=True):  # a ConfigMap update swaps ..data
-            self._reselect.set()
-
-    async def _config_selector(self, d: ConfigDir) -> None:
-        while True:
-            await self._reselect.wait()
-            while True:  # one ConfigMap update is several renames: wait for a quiet moment
-                self._reselect.clear()
-                if not await sleep_or(self._reselect, d.settle):
-                    break
-            if self._apply_config(d):
-                self.wake.set()
+        self.wake.set()
+        return None
