@@ -22,13 +22,16 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpunode.common.cli import FlagSet, add_common_flags
 from gpunode.common.cli import parse_interval as _interval
 from gpunode.common.errors import ConfigError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.validator import checks
+
+if TYPE_CHECKING:
+    from gpunode.nvml.api import GpuInfo, Nvml
 
 __all__ = ["Check", "DoctorOptions", "diagnose", "main", "render_json", "render_table"]
 
@@ -93,10 +96,10 @@ class DoctorOptions:
 class _Facts:
     """What several checks share: NVML's answers, the exporter's page, whether this is a kube node."""
 
-    nvml: Any = None
+    nvml: Nvml | None = None
     nvml_error: str = ""
     driver_version: str = ""
-    gpus: list[Any] = field(default_factory=list)
+    gpus: list[GpuInfo] = field(default_factory=list)
     devices: list[checks.DeviceRef] = field(default_factory=list)
     kube_node: bool = False
     exporter_status: int = 0
@@ -296,11 +299,11 @@ def _persistence_check(opts: DoctorOptions) -> Check:
 async def _mig_check(opts: DoctorOptions, facts: _Facts, node_labels: NodeLabels | None) -> Check:
     if facts.nvml is None:
         return Check("mig", "skip", "NVML unavailable")
-    capable = [g for g in facts.gpus if g.mig is not None]
+    capable = [(g.index, g.mig) for g in facts.gpus if g.mig is not None]
     if not capable:
         return Check("mig", "skip", "no MIG-capable GPU")
-    pending = [g.index for g in capable if g.mig.current != g.mig.pending]
-    modes = ", ".join(f"{g.index}:{'on' if g.mig.current else 'off'}" for g in capable)
+    pending = [index for index, mode in capable if mode.current != mode.pending]
+    modes = ", ".join(f"{index}:{'on' if mode.current else 'off'}" for index, mode in capable)
     if pending:
         return Check(
             "mig",
@@ -504,7 +507,7 @@ def _exporter_xids(body: str) -> list[tuple[str, int]]:
     return found
 
 
-async def _watch_xids(nvml: Any, window: float) -> tuple[list[tuple[str, int]], str]:
+async def _watch_xids(nvml: Nvml, window: float) -> tuple[list[tuple[str, int]], str]:
     from gpunode.nvml import errors
     from gpunode.nvml.api import EVENT_XID, EventKind
 
@@ -668,7 +671,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     level = v["log_level"] if settings.sources.get("log_level") != "default" else "warning"
     configure_logging(v["log_format"], level, agent="gpunode-doctor", node=v["node_name"])
 
-    async def open_nvml() -> Any:
+    async def open_nvml() -> Nvml:
         from gpunode.agent.nvml import open_nvml as opener
 
         return await opener(opts.paths.driver_dir, v["simulate"], v["sim_state"])

@@ -30,6 +30,8 @@ from gpunode.common.errors import ConfigError, UsageError
 if TYPE_CHECKING:  # pydantic and PyYAML load only when a config file is actually read (memory, start-up)
     from pydantic import BaseModel
 
+    from gpunode.common.logging import Logger
+
 __all__ = [
     "LOG_FORMATS",
     "LOG_LEVEL_CHOICES",
@@ -580,7 +582,7 @@ def log_effective_config(
     sources: Mapping[str, Source],
     *,
     flags: Iterable[Flag] = (),
-    log: Any = None,
+    log: Logger | None = None,
     **fields: Any,
 ) -> None:
     """Log the effective configuration once, as the single event ``effective_config``.

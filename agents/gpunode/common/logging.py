@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import MutableMapping
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, TextIO, TypeAlias
 
 # structlog imports rich at import time when it is installed (a development tool pulls it in), which
 # costs every agent about 90 ms of start-up and several MB; we never use it (tracebacks are rendered
@@ -25,9 +25,11 @@ if "rich" not in sys.modules:
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-__all__ = ["LOG_LEVELS", "configure_logging", "get_logger", "parse_level"]
+__all__ = ["LOG_LEVELS", "Logger", "configure_logging", "get_logger", "parse_level"]
 
 LogFormat = Literal["json", "console"]
+#: What :func:`get_logger` returns, and so the type of every ``log`` a function or class takes.
+Logger: TypeAlias = structlog.stdlib.BoundLogger
 
 LOG_LEVELS: dict[str, int] = {
     "debug": logging.DEBUG,
@@ -106,10 +108,10 @@ def _ensure_structlog() -> None:
     _structlog_ready = True
 
 
-def get_logger(name: str | None = None, **initial_values: Any) -> structlog.stdlib.BoundLogger:
+def get_logger(name: str | None = None, **initial_values: Any) -> Logger:
     """A structlog logger named ``name`` (use ``__name__``), optionally with fields bound."""
     _ensure_structlog()
-    logger: structlog.stdlib.BoundLogger = structlog.stdlib.get_logger(name, **initial_values)
+    logger: Logger = structlog.stdlib.get_logger(name, **initial_values)
     return logger
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpunode.common import sdnotify
 from gpunode.common.errors import ConfigError, UsageError
-from gpunode.common.logging import get_logger
+from gpunode.common.logging import Logger, get_logger
 
 if TYPE_CHECKING:
     from gpunode.common.metrics import AgentMetrics
@@ -73,7 +73,7 @@ def exit_code_for(exc: BaseException) -> int:
 class _Lifecycle:
     """Signal state shared between the signal handler (main thread), the loop and the grace timer."""
 
-    def __init__(self, grace: float, log: Any, force_exit: Callable[[int], object]) -> None:
+    def __init__(self, grace: float, log: Logger, force_exit: Callable[[int], object]) -> None:
         self.grace = grace
         self.log = log
         self.force_exit = force_exit
@@ -133,7 +133,7 @@ def run(
     main: Main,
     *,
     grace: float = DEFAULT_GRACE_S,
-    log: Any = None,
+    log: Logger | None = None,
     force_exit: Callable[[int], object] = os._exit,
 ) -> int:
     """Run ``main`` (a coroutine, or a function returning one) until it ends or a signal stops it.
@@ -218,7 +218,7 @@ async def supervise(
     max_failures: int | None = None,
     restart_on_return: bool = False,
     fatal: tuple[type[BaseException], ...] = (ConfigError, UsageError),
-    log: Any = None,
+    log: Logger | None = None,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
@@ -272,7 +272,7 @@ async def on_sighup(
     callback: Callable[[], object],
     *,
     metrics: AgentMetrics | None = None,
-    log: Any = None,
+    log: Logger | None = None,
 ) -> None:
     """Call ``callback`` (sync, or returning an awaitable) on every SIGHUP until cancelled.
 

@@ -32,6 +32,7 @@ from gpunode.kube.labelconfig import add_label_config_flags, parse_fallback_stra
 if TYPE_CHECKING:
     from gpunode.api.plugin_config import PluginConfig
     from gpunode.kube.client import Kube
+    from gpunode.nvml.api import Nvml
 
 DEFAULT_KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
@@ -251,7 +252,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         http_port=None if values["http_port"] < 0 else values["http_port"],
     )
 
-    async def open_nvml() -> Any:
+    async def open_nvml() -> Nvml:
         from gpunode.agent.nvml import open_nvml as open_
 
         driver_root = plugin.state.settings.driver_root  # a directory's config is chosen by now

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from gpunode.api.readiness import CTR_READY, DRIVER_READY
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
-from gpunode.common.logging import get_logger
+from gpunode.common.logging import Logger, get_logger
 from gpunode.driver_loader import devnodes, kmod
 from gpunode.driver_loader.modules import (
     MODULE_TYPES,
@@ -416,7 +416,7 @@ class DriverLoader:
         ops: kmod.HostOps,
         *,
         clock: Callable[[], float] = time.time,
-        log: Any = None,
+        log: Logger | None = None,
     ) -> None:
         self.cfg = cfg
         self.paths = cfg.paths

@@ -27,6 +27,7 @@ from gpunode.kube.labelconfig import add_label_config_flags, parse_fallback_stra
 
 if TYPE_CHECKING:
     from gpunode.api.plugin_config import PluginConfig
+    from gpunode.nvml.api import Nvml
 from gpunode.agent.nvml import check_simulation
 
 
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config_dir=config_dir,
     )
 
-    async def open_nvml() -> Any:
+    async def open_nvml() -> Nvml:
         from gpunode.agent.nvml import open_nvml as open_
 
         return await open_(values["driver_root"], values.get("simulate"), values.get("sim_state"))

@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, split_verb
 from gpunode.common.errors import ConfigError, UsageError
@@ -25,6 +25,9 @@ from gpunode.common.hostpaths import HostPaths
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
 from gpunode.mig import DEFAULT_JOURNAL
+
+if TYPE_CHECKING:
+    from gpunode.nvml.api import Nvml
 
 VERBS = ("apply", "assert", "export", "generate-config", "checkpoint", "restore")
 
@@ -307,7 +310,7 @@ async def command(verb: str, values: Mapping[str, Any], env: Mapping[str, str], 
         await nvml.close()
 
 
-async def export(nvml: Any, values: Mapping[str, Any]) -> int:
+async def export(nvml: Nvml, values: Mapping[str, Any]) -> int:
     from gpunode.mig.layouts import export as export_spec
     from gpunode.mig.layouts import render
     from gpunode.mig.plan import current_devices
@@ -320,7 +323,7 @@ async def export(nvml: Any, values: Mapping[str, Any]) -> int:
     return 0
 
 
-async def generate(nvml: Any, values: Mapping[str, Any]) -> int:
+async def generate(nvml: Nvml, values: Mapping[str, Any]) -> int:
     from gpunode.common.atomic import atomic_write
     from gpunode.mig.layouts import generate as generate_spec
     from gpunode.mig.layouts import render
@@ -337,7 +340,7 @@ async def generate(nvml: Any, values: Mapping[str, Any]) -> int:
     return 0
 
 
-async def checkpoint(nvml: Any, values: Mapping[str, Any]) -> int:
+async def checkpoint(nvml: Nvml, values: Mapping[str, Any]) -> int:
     from gpunode.common.atomic import atomic_write
     from gpunode.mig.state import read_states
 

@@ -28,9 +28,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
-from gpunode.common.logging import get_logger
+from gpunode.common.logging import Logger, get_logger
 
 __all__ = [
     "DEFAULT_START_TIMEOUT_S",
@@ -184,7 +184,7 @@ class HostClients:
         *,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT_S,
         start_timeout: float = DEFAULT_START_TIMEOUT_S,
-        log: Any = None,
+        log: Logger | None = None,
     ) -> None:
         self.systemctl = systemctl
         self.services = tuple(services)

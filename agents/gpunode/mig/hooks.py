@@ -16,9 +16,12 @@ import os
 import signal
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpunode.api.mig_hooks import HOOK_NAMES, HookCommand, HookName, HooksSpec
+
+if TYPE_CHECKING:
+    from gpunode.common.logging import Logger
 
 __all__ = [
     "DEFAULT_HOOK_TIMEOUT_S",
@@ -78,7 +81,7 @@ async def _reap(proc: asyncio.subprocess.Process, talk: asyncio.Task[tuple[bytes
         await asyncio.wait_for(proc.wait(), _REAP_S)
 
 
-async def _run_one(name: str, hook: HookCommand, env: dict[str, str], timeout: float, log: Any) -> None:
+async def _run_one(name: str, hook: HookCommand, env: dict[str, str], timeout: float, log: Logger) -> None:
     started = time.monotonic()
     log.info("mig_hook_started", hook=name, command=hook.command, args=list(hook.args))
     try:
@@ -123,7 +126,7 @@ async def run_hooks(
     name: HookName | str,
     base_env: Mapping[str, str],
     *,
-    log: Any,
+    log: Logger,
     timeout: float = DEFAULT_HOOK_TIMEOUT_S,
 ) -> None:
     """Run the commands of hook ``name`` in order; the first failure raises :class:`HookFailed`.

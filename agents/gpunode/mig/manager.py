@@ -47,7 +47,7 @@ from gpunode.common import errors as common_errors
 from gpunode.common import sdnotify
 from gpunode.common.atomic import atomic_write_json
 from gpunode.common.errors import ConfigError
-from gpunode.common.logging import get_logger
+from gpunode.common.logging import Logger, get_logger
 from gpunode.common.metrics import AgentMetrics, create_metrics
 from gpunode.common.runtime import Backoff, on_sighup, supervise
 from gpunode.mig import DEFAULT_JOURNAL
@@ -253,7 +253,7 @@ def build_options(
 
 
 # ========================================================================================= config source
-async def load_layouts(opts: ManagerOptions, nvml: Nvml, log: Any) -> MigSpec:
+async def load_layouts(opts: ManagerOptions, nvml: Nvml, log: Logger) -> MigSpec:
     """The named layouts: ``CONFIG_FILE`` as is; otherwise generated for the GPUs present; when none of
     them can be generated for (no MIG-capable GPU, no profiles), ``DEFAULT_CONFIG_FILE`` or the shipped
     default. A bad file is a ConfigError."""
@@ -397,7 +397,7 @@ def find_agents(names: Sequence[str], *, own_pid: int | None = None) -> list[int
     return sorted(found)
 
 
-def notify_agents(names: Sequence[str], log: Any) -> list[int]:
+def notify_agents(names: Sequence[str], log: Logger) -> list[int]:
     """SIGHUP the device plugin and feature discovery on this node, so they re-read the MIG layout."""
     told: list[int] = []
     for pid in find_agents(names):
@@ -446,7 +446,7 @@ class MigManager:
         reboot: Callable[[], Awaitable[None]] | None = None,
         notify: Callable[[], object] | None = None,
         metrics: AgentMetrics | None = None,
-        log: Any = None,
+        log: Logger | None = None,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self.opts = opts
@@ -721,7 +721,7 @@ async def _stopped(clients: HostClients, extra: Sequence[str]) -> AsyncIterator[
 class KubeSource:
     """The ``nvidia.com/mig.config`` label of this node."""
 
-    def __init__(self, kube: Kube, pauser: OperandPauser, log: Any) -> None:
+    def __init__(self, kube: Kube, pauser: OperandPauser, log: Logger) -> None:
         self.kube = kube
         self.pauser = pauser
         self.log = log
@@ -758,7 +758,7 @@ class KubeSource:
 class FileSource:
     """The name in ``--selected-config-file``, followed through its directory with inotify."""
 
-    def __init__(self, path: Path, log: Any) -> None:
+    def __init__(self, path: Path, log: Logger) -> None:
         self.path = path
         self.log = log
 

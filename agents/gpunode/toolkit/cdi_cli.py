@@ -29,7 +29,7 @@ from gpunode.agent.nvml import check_simulation
 from gpunode.common.atomic import atomic_write
 from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, split_verb
 from gpunode.common.hostpaths import HostPaths
-from gpunode.common.logging import configure_logging, get_logger
+from gpunode.common.logging import Logger, configure_logging, get_logger
 from gpunode.common.runtime import run
 from gpunode.nvml.api import EVENT_MIG_CONFIG, EventKind, Nvml
 from gpunode.nvml.errors import NvmlError
@@ -166,7 +166,7 @@ def spec_options(values: Mapping[str, Any]) -> SpecOptions:
     )
 
 
-async def snapshot(nvml: Nvml, job: GenerateJob, log: Any) -> Spec:
+async def snapshot(nvml: Nvml, job: GenerateJob, log: Logger) -> Spec:
     """The spec of the devices NVML reports now (discovery warnings are logged)."""
     system = await nvml.system()
     gpus = await nvml.gpus()
@@ -181,7 +181,7 @@ async def snapshot(nvml: Nvml, job: GenerateJob, log: Any) -> Spec:
     return spec
 
 
-def write_spec(spec: Spec, job: GenerateJob, log: Any) -> bool:
+def write_spec(spec: Spec, job: GenerateJob, log: Logger) -> bool:
     """Write the spec (only when its content changed); True when written. Raises OSError."""
     text = render(spec, job.fmt)
     if job.output is None:
@@ -200,7 +200,7 @@ def write_spec(spec: Spec, job: GenerateJob, log: Any) -> bool:
 async def watch(
     nvml: Nvml,
     job: GenerateJob,
-    log: Any,
+    log: Logger,
     *,
     coalesce_s: float = COALESCE_S,
     retry_s: float = RETRY_S,

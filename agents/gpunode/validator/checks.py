@@ -40,10 +40,13 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpunode.common.atomic import atomic_write
 from gpunode.common.hostpaths import HostPaths
+
+if TYPE_CHECKING:
+    from gpunode.nvml.api import Nvml
 
 __all__ = [
     "COMPONENTS",
@@ -121,7 +124,7 @@ class DeviceRef:
         return f"{kind} {self.index_name} ({self.uuid})"
 
 
-async def nvml_devices(nvml: Any) -> list[DeviceRef]:
+async def nvml_devices(nvml: Nvml) -> list[DeviceRef]:
     """Every GPU and every MIG device NVML reports, as CDI names them."""
     out: list[DeviceRef] = []
     for gpu in await nvml.gpus():
@@ -479,7 +482,7 @@ def cuda_round_trip(paths: HostPaths, size: int = 1 << 20) -> Outcome:
 # ------------------------------------------------------------------------------------------ components
 
 
-NvmlOpener = Callable[[], Awaitable[Any]]
+NvmlOpener = Callable[[], Awaitable["Nvml"]]
 
 
 @dataclass(frozen=True)
@@ -515,7 +518,7 @@ async def run_component(component: str, opts: ValidatorOptions, open_nvml: NvmlO
     return outcome
 
 
-async def _with_nvml(open_nvml: NvmlOpener) -> tuple[Any, str]:
+async def _with_nvml(open_nvml: NvmlOpener) -> tuple[Nvml | None, str]:
     """(nvml, "") or (None, why it did not load)."""
     from gpunode.nvml import errors
 

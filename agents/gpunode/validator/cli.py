@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config
 from gpunode.common.errors import UsageError
@@ -22,6 +22,9 @@ from gpunode.common.hostpaths import HostPaths
 from gpunode.common.logging import configure_logging
 from gpunode.common.runtime import run
 from gpunode.validator import checks
+
+if TYPE_CHECKING:
+    from gpunode.nvml.api import Nvml
 
 
 def flag_set() -> FlagSet:
@@ -106,7 +109,7 @@ async def _run(opts: checks.ValidatorOptions, v: Mapping[str, Any], waits: Seque
     if not v["component"]:
         return 0
 
-    async def open_nvml() -> Any:
+    async def open_nvml() -> Nvml:
         from gpunode.agent.nvml import open_nvml as opener
 
         return await opener(opts.paths.driver_dir, v["simulate"], v["sim_state"])
