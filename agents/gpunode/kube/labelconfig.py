@@ -40,6 +40,7 @@ period) goes through an injectable clock and sleep, so tests run on fake time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -633,11 +634,9 @@ class LabelConfig(Generic[C]):
         if self.kube is None or not self.report:
             return
         annotations = {STATE_ANNOTATION: f"failed: {one_line(reason)}", APPLIED_ANNOTATION: ""}
-        try:
+        with contextlib.suppress(Exception):  # best effort: the exit status (2) must not change
             async with asyncio.timeout(REPORT_FINAL_TIMEOUT):
                 await self.kube.patch_node(annotations=annotations)
-        except (KubeError, TimeoutError):
-            pass
 
     def kube_check(self) -> tuple[bool, str]:
         """Readiness: whether the API server answers for the node."""
