@@ -55,9 +55,8 @@ from gpunode.common.runtime import Backoff
 from gpunode.kube.api import KubeError, NodeInfo
 
 if TYPE_CHECKING:
-    from structlog.stdlib import BoundLogger
-
     from gpunode.common.cli import FlagSet
+    from gpunode.common.logging import Logger
 
 __all__ = [
     "APPLIED_ANNOTATION",
@@ -312,7 +311,7 @@ class LabelConfig(Generic[C]):
         options: LabelConfigOptions,
         load: Callable[[Path | None], C],
         *,
-        log: BoundLogger,
+        log: Logger,
         count_error: Callable[[str], object],
         kube: NodeApi | None = None,
         report: bool = False,
