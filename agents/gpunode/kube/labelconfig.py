@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 from gpunode.common import errors, fswatch
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.runtime import Backoff
+from gpunode.common.settings import setting
 from gpunode.kube.api import KubeError, NodeInfo
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ __all__ = [
     "InForce",
     "LabelConfig",
     "LabelConfigOptions",
+    "LabelConfigSettings",
     "Loaded",
     "NoUsableConfig",
     "NodeApi",
@@ -664,6 +666,45 @@ class LabelConfig(Generic[C]):
 
 
 # ================================================================================================ flags
+@dataclass(frozen=True)
+class LabelConfigSettings:
+    """config-manager's flags, a settings group (``group(LabelConfigSettings)``) for agents whose
+    ``--config-file`` may name a directory of configs."""
+
+    node_label: str = setting(
+        "--node-label",
+        env="NODE_LABEL",
+        default=DEVICE_PLUGIN_CONFIG_LABEL,
+        metavar="KEY",
+        help="with --config-file naming a directory: the node label whose value names the config to use",
+    )
+    default_config: str | None = setting(
+        "--default-config",
+        env="DEFAULT_CONFIG",
+        metavar="NAME",
+        help="with a config directory: the config used when the node label is unset",
+    )
+    fallback_strategies: str = setting(
+        "--fallback-strategies",
+        env="FALLBACK_STRATEGIES",
+        type=_fallback_list,
+        default="named,single",
+        metavar="LIST",
+        help="with a config directory and no label or default config: named (the file 'default'), "
+        "single (the only file), empty (no file), tried in order",
+    )
+
+    def options(self, directory: Path, *, first_label_wait: float | None = None) -> LabelConfigOptions:
+        """The controller's options for ``directory`` (what ``--config-file`` names)."""
+        return LabelConfigOptions(
+            directory=directory,
+            node_label=self.node_label,
+            default_config=self.default_config or None,
+            fallbacks=parse_fallback_strategies(self.fallback_strategies),
+            first_label_wait=first_label_wait,
+        )
+
+
 def add_label_config_flags(flags: FlagSet) -> None:
     """config-manager's flags, for agents whose ``--config-file`` may name a directory of configs."""
     flags.add(
