@@ -97,6 +97,9 @@ class AgentSpec(Generic[S]):
     ``config_model`` loads the pydantic model of ``--config-file`` lazily (pydantic only when a file
     is given); ``wants_config(settings)`` may decline it (a directory of configs is read later).
     ``aliases`` are extra option strings per field; ``configure`` adds positionals.
+    ``verb`` names the verb of a ``console_script VERB`` command (the parser's prog is both; errors
+    keep ``console_script: error:``). ``uses_nvml=False`` says the agent never opens NVML, so the
+    simulator flags are accepted but not checked.
     """
 
     name: str
@@ -110,11 +113,18 @@ class AgentSpec(Generic[S]):
     aliases: Mapping[str, str] = field(default_factory=dict)
     configure: Callable[[FlagSet], None] | None = None
     usage_errors: tuple[type[Exception], ...] = USAGE_ERRORS
+    verb: str = ""
+    uses_nvml: bool = True
+
+    @property
+    def prog(self) -> str:
+        """The command as usage and argparse errors show it: ``console_script [verb]``."""
+        return f"{self.console_script} {self.verb}" if self.verb else self.console_script
 
     def parser(self) -> SettingsParser[S]:
         return SettingsParser(
             self.settings_type,
-            prog=self.console_script,
+            prog=self.prog,
             description=self.description,
             aliases=self.aliases,
             configure=self.configure,
@@ -140,9 +150,10 @@ def agent_main(
     configure_logging(common.log_format, common.log_level, agent=spec.name, node=common.node_name)
     ctx = AgentContext(parsed=parsed, environ=env, parser=parser, spec=spec)
     try:
-        from gpunode.agent.nvml import check_simulation
+        if spec.uses_nvml:
+            from gpunode.agent.nvml import check_simulation
 
-        check_simulation(common.simulate, common.sim_state)
+            check_simulation(common.simulate, common.sim_state)
         started = spec.start(ctx)
     except spec.usage_errors as exc:
         print(f"{spec.console_script}: error: {exc}", file=sys.stderr)
