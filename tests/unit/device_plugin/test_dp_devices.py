@@ -10,7 +10,6 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from gpunode.api.plugin_types import ResourcePattern, SharedResource, TimeSlicing
-from gpunode.device_plugin.settings import PluginSettings
 from gpunode.device_plugin.devices import (
     MAX_MESSAGE_BYTES,
     DeviceConfigError,
@@ -22,6 +21,7 @@ from gpunode.device_plugin.devices import (
     listandwatch_size_bytes,
     mig_resource_name,
 )
+from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import GpuInfo, MigDevice, MigMode, PciInfo
 from gpunode.nvml.caps import parse_mig_minors
 
