@@ -4,11 +4,11 @@ GPU has its profiles, and is refused with the profile named where it does not; n
 from __future__ import annotations
 
 import pytest
-from gpunode.mig.selection import SelectionError, desired_per_gpu
 
 from gpunode.mig.apply import Applier
 from gpunode.mig.layouts import default_spec
 from gpunode.mig.plan import Infeasible, current_devices
+from gpunode.mig.selection import SelectionError, desired_per_gpu
 from gpunode.mig.state import identity, read_states
 from gpunode.nvml.real import RealNvml
 from gpunode.sim import nvml as sim

@@ -6,7 +6,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import pytest
-from gpunode.mig.selection import desired_per_gpu
 
 from gpunode.api.mig_config import GpuIdentity, MigSpec, parse_spec
 from gpunode.api.mig_profiles import parse_profile
@@ -19,6 +18,7 @@ from gpunode.mig.layouts import (
     generate,
     render,
 )
+from gpunode.mig.selection import desired_per_gpu
 from gpunode.nvml import mig
 from gpunode.nvml.api import GiProfile, Placement
 from gpunode.sim.nvml import presets
