@@ -23,13 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpunode.mig.selection import SelectionError, desired_per_gpu
-
 from benchlib import load_average, machine_base, percentile
 from gpunode.api.mig_config import parse_spec
 from gpunode.mig.apply import Applier
 from gpunode.mig.layouts import default_spec
 from gpunode.mig.plan import Desired, Infeasible, plan_node
+from gpunode.mig.selection import SelectionError, desired_per_gpu
 from gpunode.mig.state import identity, read_states
 from gpunode.nvml.real import RealNvml
 from gpunode.sim import nvml as sim
