@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/kube_layer.py
 	$(BIN)/python benchmarks/mig.py
 	$(BIN)/python benchmarks/driver_loader.py
+	$(BIN)/python benchmarks/startup.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
