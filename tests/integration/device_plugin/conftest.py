@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,41 @@ from gpunode.common.hostpaths import HostPaths
 from gpunode.device_plugin.health import XidPolicy
 from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
 from gpunode.device_plugin.settings import settings_from_config
+from gpunode.nvml.api import HealthEvent
 from gpunode.nvml.real import RealNvml
 from gpunode.sim import nvml as sim
 from gpunode.sim.kubelet import FakeKubelet
+from helpers.waiting import until
+
+
+@dataclass
+class Calls:
+    """What the plugin asked of NVML, counted, so a test waits for it instead of sleeping a while."""
+
+    opens: int = 0  # NVML open attempts finished (failed ones too)
+    probes: int = 0  # health-probe passes begun (each asks for the lost GPUs once)
+    events: int = 0  # NVML events the plugin has finished handling
+
+
+class CountingNvml(RealNvml):
+    """The real library on the simulator, counting the calls in :class:`Calls`."""
+
+    calls: Calls
+
+    async def lost_gpus(self) -> list[int]:
+        self.calls.probes += 1
+        return await super().lost_gpus()
+
+    def events(self, *args: Any, **kwargs: Any) -> AsyncIterator[HealthEvent]:
+        return self._counted(super().events(*args, **kwargs))
+
+    async def _counted(self, events: AsyncIterator[HealthEvent]) -> AsyncIterator[HealthEvent]:
+        try:
+            async for event in events:
+                yield event
+                self.calls.events += 1  # the plugin asks for the next one: this one is handled
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -28,6 +61,7 @@ class Running:
     task: asyncio.Task[None]
     kubelet: FakeKubelet
     state: Path
+    calls: Calls = field(default_factory=Calls)
     node: sim.SimNode = field(init=False)
 
     def __post_init__(self) -> None:
@@ -36,6 +70,11 @@ class Running:
     def mutate(self) -> Any:
         """Change the simulated node the way another process would: through the shared state file."""
         return self.node.mutate()
+
+    async def probe_passes(self, n: int, timeout: float = 5.0) -> None:
+        """Wait until ``n`` health-probe passes that began after this call have run to their end."""
+        target = self.calls.probes + n + 1  # pass k has ended once pass k + 1 has begun
+        await until(lambda: self.calls.probes >= target, timeout)
 
     async def stop(self) -> None:
         self.task.cancel()
@@ -85,6 +124,7 @@ async def start_plugin(tmp_path: Path, kubelet: FakeKubelet) -> AsyncIterator[St
         prepare: Callable[[sim.NodeState], None] | None = None,
         host: HostPaths | None = None,
         nvml_retry_interval: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> Running:
         state = tmp_path / "node.json"
         if not state.exists():
@@ -117,9 +157,19 @@ async def start_plugin(tmp_path: Path, kubelet: FakeKubelet) -> AsyncIterator[St
             probe_interval=probe_interval,
             nvml_retry_interval=nvml_retry_interval,
         )
-        plugin = DevicePlugin(opts, RealNvml.open, load(cfg), cfg)
+        calls = Calls()
+
+        async def open_nvml() -> RealNvml:
+            try:
+                nvml = await CountingNvml.open()
+            finally:
+                calls.opens += 1
+            nvml.calls = calls
+            return nvml
+
+        plugin = DevicePlugin(opts, open_nvml, load(cfg), cfg, clock=clock)
         task = asyncio.create_task(plugin.run(), name="device-plugin")
-        r = Running(plugin, task, kubelet, state)
+        r = Running(plugin, task, kubelet, state, calls)
         running.append(r)
         if wait is not None:
             await kubelet.wait_registered(wait, timeout=10)

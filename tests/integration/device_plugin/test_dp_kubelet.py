@@ -19,6 +19,7 @@ from gpunode.device_plugin.health import XidPolicy
 from gpunode.nvml import errors, mig
 from gpunode.sim.kubelet import FakeKubelet
 from gpunode.sim.nvml.state import ProcessState
+from helpers.waiting import SkewedClock, logged, until
 
 Starter = Any  # the start_plugin fixture (see conftest.py)
 
@@ -208,22 +209,26 @@ async def test_fatal_xid_marks_every_replica_unhealthy_then_recovers(
 
 
 async def test_reset_required_xid_does_not_recover(start_plugin: Starter, kubelet: FakeKubelet) -> None:
-    r = await start_plugin("t4x4", recovery_period=0.2)
+    clock = SkewedClock()
+    r = await start_plugin("t4x4", recovery_period=0.2, clock=clock)
     with r.mutate() as st:
         st.inject_xid(2, 48)
     await kubelet.wait_for(lambda: len(kubelet.unhealthy(GPU)) == 1)
-    await asyncio.sleep(0.8)
+    clock.advance(1.0)  # the hold-down period is long over ...
+    await r.probe_passes(3)  # ... for several probe passes
     assert len(kubelet.unhealthy(GPU)) == 1
 
 
 async def test_lost_gpu_is_unhealthy_and_recovers_after_it_returns(
     start_plugin: Starter, kubelet: FakeKubelet
 ) -> None:
-    r = await start_plugin("dgx-a100", recovery_period=0.3)
+    clock = SkewedClock()
+    r = await start_plugin("dgx-a100", recovery_period=0.3, clock=clock)
     with r.mutate() as st:
         st.lose(6)
     await kubelet.wait_for(lambda: len(kubelet.unhealthy(GPU)) == 1)
-    await asyncio.sleep(0.6)
+    clock.advance(1.0)  # longer than the hold-down period, for several probe passes
+    await r.probe_passes(3)
     assert len(kubelet.unhealthy(GPU)) == 1  # still lost: no recovery
     with r.mutate() as st:
         st.restore(6)
@@ -234,7 +239,7 @@ async def test_health_checks_can_be_disabled(start_plugin: Starter, kubelet: Fak
     r = await start_plugin("t4x4", policy=XidPolicy.from_env({"DP_DISABLE_HEALTHCHECKS": "all"}))
     with r.mutate() as st:
         st.inject_xid(0, 79)
-    await asyncio.sleep(0.4)
+    await until(lambda: r.calls.events >= 1)  # the plugin has handled the XID event
     assert not kubelet.unhealthy(GPU)
 
 
@@ -270,11 +275,11 @@ async def test_deleted_plugin_socket_is_recreated(start_plugin: Starter, kubelet
 
 
 async def test_registering_before_the_kubelet_exists(
-    start_plugin: Starter, kubelet: FakeKubelet, tmp_path: Path
+    start_plugin: Starter, kubelet: FakeKubelet, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     await kubelet.stop()
     r = await start_plugin(wait=None)
-    await asyncio.sleep(0.3)
+    await until(lambda: "kubelet_unavailable" in logged(caplog))  # a registration attempt failed
     assert not r.plugin.ready.is_set()
     before = time.monotonic()
     await kubelet.start()
@@ -401,7 +406,7 @@ async def test_fail_on_init_error_false_stays_up_until_nvml_works(
         wait=None,
         nvml_retry_interval=0.2,
     )
-    await asyncio.sleep(0.5)
+    await until(lambda: r.calls.opens >= 3)  # NVML failed to open, and failed again on two retries
     assert not r.task.done()
     assert GPU not in kubelet.plugins
     http = r.plugin.http
