@@ -18,7 +18,7 @@ import pytest
 
 from gpunode.sim import nvml as sim
 from gpunode.sim.apiserver import FakeApiServer
-from helpers.waiting import wait_until
+from helpers.waiting import EventLog, wait_until
 
 FD = str(Path(sys.executable).parent / "gpunode-feature-discovery")
 NODE = "gpu-node-1"
@@ -64,6 +64,11 @@ def start(node: Path, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen
 
 def features(api: FakeApiServer) -> dict[str, Any] | None:
     return api.get("nodefeatures", NF, NS)
+
+
+def nodefeature_writes(api: FakeApiServer) -> int:
+    """Requests that could change a NodeFeature (anything but reading one)."""
+    return sum(1 for r in api.requests if "/nodefeatures" in r.path and r.method not in ("GET", "HEAD"))
 
 
 def test_oneshot_publishes_a_node_feature_not_a_file(node: Path, api: FakeApiServer, tmp_path: Path) -> None:
@@ -146,6 +151,8 @@ def test_updates_only_on_change_owned_by_pod_and_daemonset_kept_on_exit(
     pod = api.pods(NODE)[0]
     args = ("--use-node-feature-api", "--node-name", NODE, "--namespace", NS, "--http-port", "-1")
     p = start(*args, "--pod-name", pod["metadata"]["name"], "--sleep-interval", "0.3s")
+    assert p.stdout is not None
+    log = EventLog(p.stdout)
     wait_until(lambda: features(api) is not None)
     obj = features(api)
     assert obj is not None
@@ -155,7 +162,9 @@ def test_updates_only_on_change_owned_by_pod_and_daemonset_kept_on_exit(
         ("Pod", pod["metadata"]["name"], False),
     }
     version = obj["metadata"]["resourceVersion"]
-    time.sleep(1.0)  # several passes, nothing changed: no writes
+    writes = nodefeature_writes(api)
+    log.wait_for("labels_unchanged", count=3)  # several passes, nothing changed: no writes
+    assert nodefeature_writes(api) == writes
     assert features(api)["metadata"]["resourceVersion"] == version  # type: ignore[index]
     with sim.SimNode.open(node).mutate() as st:
         st.lose(3)
@@ -171,7 +180,7 @@ def test_forbidden_is_explained_and_retried_until_granted(
     api.forbid("create", "nodefeatures")
     p = start("--use-node-feature-api", "--node-name", NODE, "--namespace", NS, "--http-port", "-1")
     wait_until(lambda: any(r.status == 403 for r in api.requests))
-    time.sleep(0.3)
+    wait_until(lambda: sum(r.status == 403 for r in api.requests) >= 2)  # refused again: it retried
     assert p.poll() is None  # no crash loop
     api.allow_all()
     wait_until(lambda: features(api) is not None, timeout=15)
@@ -223,7 +232,7 @@ def test_the_node_label_chooses_the_config_live(
 ) -> None:
     d = configs(tmp_path)
     out = tmp_path / "gfd"
-    start(
+    p = start(
         "--config-file",
         str(d),
         "--node-name",
@@ -235,6 +244,8 @@ def test_the_node_label_chooses_the_config_live(
         "--sleep-interval",
         "60s",
     )
+    assert p.stdout is not None
+    log = EventLog(p.stdout)
     wait_until(lambda: out.exists())
     assert "nvidia.com/gpu.replicas=1" in out.read_text().splitlines()
     api.patch_node(NODE, {"metadata": {"labels": {"nvidia.com/device-plugin.config": "sliced"}}})
@@ -242,8 +253,9 @@ def test_the_node_label_chooses_the_config_live(
     wait_until(lambda: "nvidia.com/gpu.replicas=4" in out.read_text().splitlines(), timeout=5)
     assert time.monotonic() - changed < 2.5
     assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB-SHARED" in out.read_text().splitlines()
+    failed = log.count("config_selection_failed")
     api.patch_node(NODE, {"metadata": {"labels": {"nvidia.com/device-plugin.config": "nope"}}})
-    time.sleep(1.0)
+    log.wait_for("config_selection_failed", count=failed + 1)  # it saw the label and chose to keep
     assert "nvidia.com/gpu.replicas=4" in out.read_text().splitlines()  # keep-last-good
     api.patch_node(NODE, {"metadata": {"labels": {"nvidia.com/device-plugin.config": None}}})
     wait_until(lambda: "nvidia.com/gpu.replicas=1" in out.read_text().splitlines(), timeout=5)

@@ -15,7 +15,7 @@ import pytest
 
 from gpunode.nvml import mig
 from gpunode.sim import nvml as sim
-from helpers.waiting import wait_until
+from helpers.waiting import EventLog, wait_until
 
 FD = str(Path(sys.executable).parent / "gpunode-feature-discovery")
 
@@ -143,7 +143,8 @@ def test_unchanged_labels_are_not_rewritten_and_stop_sets_an_expiry(
     out = tmp_path / "gfd"
     p = daemon("--sleep-interval", "0.3s")
     first = out.stat()
-    time.sleep(1.2)  # several passes with nothing changed
+    assert p.stdout is not None
+    EventLog(p.stdout).wait_for("labels_unchanged", count=3)  # several passes with nothing changed
     assert out.stat().st_ino == first.st_ino
     assert out.stat().st_mtime_ns == first.st_mtime_ns
     before = labels_of(out)

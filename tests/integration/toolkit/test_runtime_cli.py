@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -398,16 +397,27 @@ def test_restart_signal_via_pid_file(
 
 
 def test_no_restart_without_change(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleeper: subprocess.Popen[bytes]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sleeper: subprocess.Popen[bytes],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     node = Node(tmp_path, "containerd", CTD_V2)
     assert node.run(capsys, "configure")[0] == 0
     pid_file = tmp_path / "containerd.pid"
     pid_file.write_text(f"{sleeper.pid}\n")
+    signals: list[tuple[int, int]] = []
+    kill = os.kill
+
+    def counting_kill(pid: int, sig: int) -> None:
+        signals.append((pid, sig))
+        kill(pid, sig)
+
+    monkeypatch.setattr(os, "kill", counting_kill)
     assert runtime_cli.main(configure_argv(node, "--restart-mode=signal", f"--pid-file={pid_file}"), {}) == 0
     assert capsys.readouterr().out.strip() == "no change"
-    time.sleep(0.2)
-    assert sleeper.poll() is None
+    assert [s for s in signals if s[0] == sleeper.pid] == []  # no signal was sent ...
+    assert sleeper.poll() is None  # ... and the runtime runs on
 
 
 def test_restart_signal_by_process_name_under_host_root(

@@ -39,6 +39,7 @@ from gpunode.mig.manager import (
     unknown_config_reason,
 )
 from gpunode.mig.plan import GpuPlan, Infeasible, NodePlan
+from helpers.waiting import until
 
 CONFIGS = ("all-disabled", "all-balanced", "impossible")
 
@@ -563,6 +564,10 @@ async def test_worker_handles_new_names_and_forced_rehandles_only() -> None:
         handled.append((name, why))
         return "success"
 
+    async def taken() -> None:
+        """Until the worker has taken the trigger: it clears its wake-up, then decides without waiting."""
+        await until(lambda: not m._wake.is_set())
+
     m.handle = fake_handle  # type: ignore[method-assign]
     worker = asyncio.create_task(m.worker())
     try:
@@ -570,12 +575,12 @@ async def test_worker_handles_new_names_and_forced_rehandles_only() -> None:
         m.trigger("start")
         await asyncio.wait_for(m.handled.wait(), 2)
         m.trigger("label")  # same name: nothing
-        await asyncio.sleep(0.01)
+        await taken()
         m.selected = "b"
         m.trigger("label")
-        await asyncio.sleep(0.01)
+        await taken()
         m.trigger("reassert")
-        await asyncio.sleep(0.01)
+        await taken()
     finally:
         worker.cancel()
         with contextlib.suppress(asyncio.CancelledError):

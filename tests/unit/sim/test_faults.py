@@ -182,15 +182,16 @@ async def test_events_arrive_through_the_async_iterator(nvml_sim: sim.FakeNvmlLi
     nvml = await RealNvml.open()
     gpus = await nvml.gpus()
     received: list[HealthEvent] = []
+    registered = asyncio.Event()
 
     async def consume() -> None:
-        async for ev in nvml.events():
+        async for ev in nvml.events(ready=registered):
             received.append(ev)
             if len(received) == 2:
                 return
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(registered.wait(), 2)  # events from now on are seen
     with nvml_sim.node.mutate() as state:
         state.inject_xid(5, 48)
         state.inject_ecc(2, "dbe")  # DBE event, then XID 48
@@ -203,13 +204,14 @@ async def test_events_arrive_through_the_async_iterator(nvml_sim: sim.FakeNvmlLi
 
 async def test_cancelling_the_event_iterator_leaves_nothing_running(nvml_sim: sim.FakeNvmlLib) -> None:
     nvml = await RealNvml.open()
+    registered = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in nvml.events():
+        async for _ in nvml.events(ready=registered):
             pass
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(registered.wait(), 2)  # the waiting thread is running
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
