@@ -9,7 +9,8 @@ PROTOS, rewrites the absolute imports protoc emits between generated modules (fo
 the gRPC method paths stay `/v1beta1.DevicePlugin/...` and `/v1.PodResourcesLister/...`.
 
 The output depends only on the .proto files and the grpcio-tools version: running it twice gives
-byte-identical files, and tests/unit/proto/test_protos.py checks the committed copy against a fresh run.
+byte-identical files, and tests/integration/proto/test_proto_generation.py checks the committed copy
+against a fresh run.
 """
 
 from __future__ import annotations
