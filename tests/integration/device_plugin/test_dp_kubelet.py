@@ -255,12 +255,15 @@ async def test_kubelet_restart_reregisters_within_a_second(
         assert (kubelet.dir / "nvidia-gpu.sock").exists()
 
 
-async def test_kubelet_down_for_a_while(start_plugin: Starter, kubelet: FakeKubelet) -> None:
+async def test_kubelet_down_for_a_while(
+    start_plugin: Starter, kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
+) -> None:
     await start_plugin()
     await kubelet.stop()
     for entry in kubelet.dir.iterdir():
         entry.unlink()
-    await asyncio.sleep(0.5)  # the plugin notices its socket went and retries while the kubelet is away
+    # the plugin notices its socket went and retries while the kubelet is away
+    await until(lambda: "kubelet_unavailable" in logged(caplog))
     before = time.monotonic()
     await kubelet.start()
     await kubelet.wait_registered(GPU, after=before, timeout=2.0)
@@ -492,12 +495,15 @@ async def test_ready_is_notified_to_systemd_once_registered(
     sock.setblocking(False)
     monkeypatch.setenv("NOTIFY_SOCKET", str(path))
     await start_plugin("t4x4")
-    await asyncio.sleep(0.2)
-    messages = []
-    while True:
-        try:
-            messages.append(sock.recv(4096).decode())
-        except BlockingIOError:
-            break
+    messages: list[str] = []
+
+    def received_ready() -> bool:
+        while True:
+            try:
+                messages.append(sock.recv(4096).decode())
+            except BlockingIOError:
+                return any("READY=1" in m for m in messages)
+
+    await until(received_ready)
     sock.close()
     assert any("READY=1" in m and "nvidia.com/gpu" in m for m in messages), messages
