@@ -98,8 +98,11 @@ class AgentSpec(Generic[S]):
     is given); ``wants_config(settings)`` may decline it (a directory of configs is read later).
     ``aliases`` are extra option strings per field; ``configure`` adds positionals.
     ``verb`` names the verb of a ``console_script VERB`` command (the parser's prog is both; errors
-    keep ``console_script: error:``). ``uses_nvml=False`` says the agent never opens NVML, so the
-    simulator flags are accepted but not checked.
+    keep ``console_script: error:``; ``errors_with_verb=True`` makes them ``console_script VERB:
+    error:``, as gpunode-toolkit's are). ``uses_nvml=False`` says the agent never opens NVML, so the
+    simulator flags are accepted but not checked. ``settings_for(argv, environ)`` picks the settings
+    class (a subclass of ``settings_type``) before parsing, for flags whose defaults depend on
+    another flag (gpunode-toolkit runtime's ``--runtime``); usage errors it raises exit 2.
     """
 
     name: str
@@ -115,15 +118,22 @@ class AgentSpec(Generic[S]):
     usage_errors: tuple[type[Exception], ...] = USAGE_ERRORS
     verb: str = ""
     uses_nvml: bool = True
+    errors_with_verb: bool = False
+    settings_for: Callable[[Sequence[str], Mapping[str, str]], type[S]] | None = None
 
     @property
     def prog(self) -> str:
         """The command as usage and argparse errors show it: ``console_script [verb]``."""
         return f"{self.console_script} {self.verb}" if self.verb else self.console_script
 
-    def parser(self) -> SettingsParser[S]:
+    @property
+    def error_prefix(self) -> str:
+        """What usage errors start with: ``console_script`` (or ``prog`` with ``errors_with_verb``)."""
+        return self.prog if self.errors_with_verb else self.console_script
+
+    def parser(self, settings_type: type[S] | None = None) -> SettingsParser[S]:
         return SettingsParser(
-            self.settings_type,
+            settings_type or self.settings_type,
             prog=self.prog,
             description=self.description,
             aliases=self.aliases,
@@ -141,7 +151,14 @@ def agent_main(
     from gpunode.common.logging import configure_logging
 
     env = dict(os.environ if environ is None else environ)
-    parser = spec.parser()
+    settings_type: type[S] | None = None
+    if spec.settings_for is not None:
+        try:
+            settings_type = spec.settings_for(list(sys.argv[1:] if argv is None else argv), env)
+        except spec.usage_errors as exc:
+            print(f"{spec.error_prefix}: error: {exc}", file=sys.stderr)
+            return 2
+    parser = spec.parser(settings_type)
     parsed = parser.parse(argv, env)
     wanted = spec.wants_config is None or spec.wants_config(parsed.settings)
     if spec.config_model is not None and _config_path(parsed.settings) is not None and wanted:
@@ -156,7 +173,7 @@ def agent_main(
             check_simulation(common.simulate, common.sim_state)
         started = spec.start(ctx)
     except spec.usage_errors as exc:
-        print(f"{spec.console_script}: error: {exc}", file=sys.stderr)
+        print(f"{spec.error_prefix}: error: {exc}", file=sys.stderr)
         return 2
     if isinstance(started, int):
         return started

@@ -133,6 +133,10 @@ class Flag:
     help: str = ""
     file_key: str | None = None
     secret: bool = False
+    required: bool = False  # argparse insists on it
+    negatable: bool = True  # a bool flag also has --no-<name> (and takes --flag=false)
+    repeatable: bool = False  # given once per value (a tuple); its env var is a comma-separated list
+    default_help: str | None = None  # how --help shows the default (None: the default itself; "": hidden)
 
     def convert(self, raw: str) -> Any:
         """Parse a string value to the flag's type; ``ValueError`` with a readable reason."""
@@ -148,6 +152,8 @@ class Flag:
     def from_env(self, name: str, raw: str) -> Any:
         """Parse an environment variable's value; :class:`UsageError` naming the variable otherwise."""
         try:
+            if self.repeatable:
+                return tuple(self.convert(part.strip()) for part in raw.split(",") if part.strip())
             return self.convert(raw)
         except ValueError as exc:
             if self.secret:  # the reason may quote the value
@@ -323,15 +329,22 @@ class FlagSet:
         text = _help_text(flag)
         if flag.is_bool:
             self.parser.add_argument(
-                *names, dest=flag.dest, action=_BoolAction, default=argparse.SUPPRESS, help=text
+                *names,
+                dest=flag.dest,
+                default=argparse.SUPPRESS,
+                required=flag.required,
+                help=text,
+                **({"action": _BoolAction} if flag.negatable else {"action": "store_const", "const": True}),
             )
         else:
             self.parser.add_argument(
                 *names,
                 dest=flag.dest,
+                action="append" if flag.repeatable else "store",
                 type=_argparse_type(flag),
                 choices=flag.choices,
                 default=argparse.SUPPRESS,
+                required=flag.required,
                 metavar=metavar,
                 help=text,
             )
@@ -355,8 +368,11 @@ class FlagSet:
     def parse_args(self, argv: Sequence[str] | None = None) -> dict[str, Any]:
         """Parse the command line (argparse exits 2 on errors); only given flags appear in the result."""
         args = list(sys.argv[1:] if argv is None else argv)
-        namespace = self.parser.parse_args(self._rewrite_bool_values(args))
-        return dict(vars(namespace))
+        values = dict(vars(self.parser.parse_args(self._rewrite_bool_values(args))))
+        for flag in self.flags.values():
+            if flag.repeatable and flag.dest in values:
+                values[flag.dest] = tuple(values[flag.dest])
+        return values
 
     def resolve(
         self,
@@ -445,7 +461,7 @@ class FlagSet:
 
     def _rewrite_bool_values(self, args: list[str]) -> list[str]:
         """``--flag=false`` -> ``--no-flag`` (and ``=true`` -> ``--flag``), as urfave/cli accepts it."""
-        bool_options = {flag.option: flag for flag in self.flags.values() if flag.is_bool}
+        bool_options = {flag.option: flag for flag in self.flags.values() if flag.is_bool and flag.negatable}
         if not bool_options:
             return args
         out: list[str] = []
@@ -480,9 +496,15 @@ def _argparse_type(flag: Flag) -> Callable[[str], Any]:
 def _help_text(flag: Flag) -> str:
     parts = [flag.help.replace("%", "%%")] if flag.help else []
     if flag.envs:
-        parts.append("[env " + ", ".join(f"${name}" for name in flag.envs) + "]")
-    if flag.default is not None and not flag.secret:
+        listed = ", comma list" if flag.repeatable else ""
+        parts.append("[env " + ", ".join(f"${name}" for name in flag.envs) + listed + "]")
+    if flag.default_help is not None:
+        shown: str | None = flag.default_help or None
+    elif flag.default is None or flag.default == () or flag.secret:
+        shown = None
+    else:
         shown = str(flag.default).lower() if flag.is_bool else str(flag.default)
+    if shown is not None:
         parts.append(f"(default: {shown.replace('%', '%%')})")
     return " ".join(parts)
 

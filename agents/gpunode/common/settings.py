@@ -17,6 +17,7 @@ the whole class, so the effective-config log event and the sources keep one flat
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,6 +52,7 @@ S = TypeVar("S")
 
 _FLAG = "gpunode.flag"
 _GROUP = "gpunode.group"
+_GROUP_ALIASES = "gpunode.group.aliases"
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ class _Decl:
     secret: bool
     short: str | None
     aliases: tuple[str, ...]
+    required: bool
+    negatable: bool
+    repeatable: bool
+    default_help: str | None
 
 
 def setting(
@@ -82,11 +88,18 @@ def setting(
     secret: bool = False,
     short: str | None = None,
     aliases: Sequence[str] = (),
+    required: bool = False,
+    negatable: bool = True,
+    repeatable: bool = False,
+    default_help: str | None = None,
 ) -> Any:
     """A field that is one flag (``--long-name``), with env vars and an optional config-file key.
 
-    ``type=bool`` makes a ``--x/--no-x`` switch (``--x=false`` works too). ``aliases`` are further
-    option strings for the same value (NVIDIA's spellings), listed in the help as aliases.
+    ``type=bool`` makes a ``--x/--no-x`` switch (``--x=false`` works too); with ``negatable=False``
+    it is a plain ``--x``. ``aliases`` are further option strings for the same value (NVIDIA's
+    spellings), listed in the help as aliases. ``required`` flags must be given on the command line.
+    A ``repeatable`` flag is given once per value (a tuple, default ``()``); its env vars hold a
+    comma-separated list. ``default_help`` replaces the default shown in ``--help`` ("" hides it).
     """
     if not option.startswith("--"):
         raise ValueError(f"flag must start with '--': {option!r}")
@@ -101,13 +114,26 @@ def setting(
         secret=secret,
         short=short,
         aliases=tuple(aliases),
+        required=required,
+        negatable=negatable,
+        repeatable=repeatable,
+        default_help=default_help,
     )
+    if repeatable and default is None:
+        default = ()
     return dataclasses.field(default=default, metadata={_FLAG: decl})
 
 
-def group(cls: type[Any], *, help: Mapping[str, str] | None = None) -> Any:
-    """A nested settings dataclass whose flags are declared here; ``help`` overrides texts by field."""
-    return dataclasses.field(default_factory=cls, metadata={_GROUP: dict(help or {})})
+def group(
+    cls: type[Any], *, help: Mapping[str, str] | None = None, aliases: Mapping[str, str] | None = None
+) -> Any:
+    """A nested settings dataclass whose flags are declared here; ``help`` overrides texts by field.
+
+    ``aliases`` maps further option strings to field names of the group; they are listed after the
+    group's flags (where a command has always shown an alias such as ``--nvidia-cdi-hook-path``).
+    """
+    meta = {_GROUP: dict(help or {}), _GROUP_ALIASES: dict(aliases or {})}
+    return dataclasses.field(default_factory=cls, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -117,6 +143,7 @@ class _Entry:
     short: str | None
     metavar: str | None
     aliases: tuple[str, ...]
+    then: tuple[tuple[str, str], ...] = ()  # (option, dest) aliases declared after this flag
 
 
 def _entries(
@@ -126,8 +153,11 @@ def _entries(
         raise TypeError(f"{cls!r} is not a settings dataclass")
     for f in dataclasses.fields(cls):
         if _GROUP in f.metadata:
-            inner = f.default_factory
-            yield from _entries(inner, (*path, f.name), f.metadata[_GROUP])  # type: ignore[arg-type]
+            inner = list(_entries(f.default_factory, (*path, f.name), f.metadata[_GROUP]))  # type: ignore[arg-type]
+            then = tuple(f.metadata.get(_GROUP_ALIASES, {}).items())
+            if inner and then:
+                inner[-1] = dataclasses.replace(inner[-1], then=inner[-1].then + then)
+            yield from inner
             continue
         decl: _Decl | None = f.metadata.get(_FLAG)
         if decl is None:
@@ -144,6 +174,10 @@ def _entries(
             help=text,
             file_key=decl.file_key,
             secret=decl.secret,
+            required=decl.required,
+            negatable=decl.negatable,
+            repeatable=decl.repeatable,
+            default_help=decl.default_help,
         )
         yield _Entry((*path, f.name), flag, decl.short, decl.metavar, decl.aliases)
 
@@ -217,6 +251,8 @@ class SettingsParser(Generic[S]):
 
     ``aliases`` maps extra option strings (NVIDIA's spellings declared by one agent only, such as
     ``--nvidia-driver-root``) to a field name; ``configure`` adds positionals to the parser.
+    ``parser`` declares the flags on an existing argparse parser (a sub-command's); else one is
+    made with ``prog``, ``description`` and ``parser_kwargs`` (e.g. ``allow_abbrev=True``).
     """
 
     def __init__(
@@ -227,13 +263,20 @@ class SettingsParser(Generic[S]):
         description: str | None = None,
         aliases: Mapping[str, str] | None = None,
         configure: Callable[[FlagSet], None] | None = None,
+        parser: argparse.ArgumentParser | None = None,
+        **parser_kwargs: Any,
     ) -> None:
         self.cls = cls
-        self.flagset = FlagSet(prog=prog, description=description)
+        if parser is not None:
+            self.flagset = FlagSet(parser)
+        else:
+            self.flagset = FlagSet(prog=prog, description=description, **parser_kwargs)
         for entry in _entries(cls):
             self.flagset.add_flag(entry.flag, short=entry.short, metavar=entry.metavar)
             for alias in entry.aliases:
                 self.flagset.add_alias(alias, entry.flag)
+            for option, dest in entry.then:
+                self.flagset.add_alias(option, self.flagset.flags[dest])
         for option, dest in (aliases or {}).items():
             self.flagset.add_alias(option, self.flagset.flags[dest])
         if configure is not None:
