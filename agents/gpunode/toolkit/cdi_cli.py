@@ -16,26 +16,21 @@ Exit 0 on success, 1 on failure (NVML, an unwritable output), 2 on bad usage.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from gpunode.agent.nvml import check_simulation
+from gpunode.agent.main import AgentContext, AgentSpec, Started, verbs_main
 from gpunode.common.atomic import atomic_write
-from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, split_verb
 from gpunode.common.hostpaths import HostPaths
-from gpunode.common.logging import Logger, configure_logging, get_logger
+from gpunode.common.logging import Logger, get_logger
 from gpunode.common.runtime import run
 from gpunode.nvml.api import EVENT_MIG_CONFIG, EventKind, Nvml
 from gpunode.nvml.errors import NvmlError
 from gpunode.toolkit.cdi import (
-    DEFAULT_HOOK_PATH,
-    DEFAULT_OUTPUT,
     Format,
     Spec,
     SpecOptions,
@@ -48,101 +43,23 @@ from gpunode.toolkit.cdi import (
     read_mig_cap_minors,
     render,
 )
+from gpunode.toolkit.settings import CdiGenerateSettings, CdiListSettings, CdiSpecSettings
 
-__all__ = ["GenerateJob", "flag_set", "main", "snapshot", "spec_options", "watch", "write_spec"]
+__all__ = [
+    "GENERATE",
+    "LIST",
+    "SPECS",
+    "GenerateJob",
+    "main",
+    "snapshot",
+    "spec_options",
+    "watch",
+    "write_spec",
+]
 
 PROG = "gpunode-toolkit cdi"
-VERBS = ("generate", "list")
 COALESCE_S = 0.2  # a MIG reconfiguration is a burst of events: regenerate once after it
 RETRY_S = 10.0
-
-
-def flag_set(verb: str) -> FlagSet:
-    f = FlagSet(prog=f"{PROG} {verb}", description=__doc__)
-    add_common_flags(f, config_file=False)
-    f.add(
-        "--vendor",
-        env=("GPUNODE_CDI_VENDOR", "NVIDIA_CTK_CDI_VENDOR"),
-        default="nvidia.com",
-        help="vendor part of the CDI kind",
-    )
-    f.add(
-        "--class",
-        dest="device_class",
-        env=("GPUNODE_CDI_CLASS", "NVIDIA_CTK_CDI_CLASS"),
-        default="gpu",
-        help="class part of the CDI kind",
-    )
-    f.add(
-        "--kind",
-        env=("GPUNODE_CDI_KIND", "NVIDIA_CTK_CDI_KIND"),
-        metavar="VENDOR/CLASS",
-        help="the CDI kind; overrides --vendor and --class",
-    )
-    f.add(
-        "--device-name-strategy",
-        env=("GPUNODE_CDI_DEVICE_NAME_STRATEGY", "NVIDIA_CTK_CDI_DEVICE_NAME_STRATEGY"),
-        default="index,uuid",
-        metavar="LIST",
-        help="device names to emit, comma-separated: index (0, 0:1), uuid (GPU-..., MIG-...), "
-        "type-index (gpu0, mig0:1)",
-    )
-    f.add(
-        "--all-device",
-        env="GPUNODE_CDI_ALL_DEVICE",
-        type=bool,
-        default=True,
-        help="emit the device 'all' (every device's nodes)",
-    )
-    f.add(
-        "--hook-path",
-        env="NVIDIA_CDI_HOOK_PATH",
-        default=DEFAULT_HOOK_PATH,
-        metavar="PATH",
-        help="host path of nvidia-cdi-hook (or nvidia-ctk) that the spec's hooks run",
-    )
-    f.add(
-        "--dev-root",
-        env="NVIDIA_DEV_ROOT",
-        metavar="DIR",
-        help="host directory under which /dev/nvidia* live (default: the driver root)",
-    )
-    f.add(
-        "--host-root",
-        env="GPUNODE_HOST_ROOT",
-        default="/",
-        metavar="DIR",
-        help="where the host's / is visible to this process (files are looked up there; the spec "
-        "keeps host paths)",
-    )
-    f.parser.add_argument(
-        "--nvidia-cdi-hook-path", dest="hook_path", default=argparse.SUPPRESS, help="alias of --hook-path"
-    )
-    if verb == "generate":
-        f.add(
-            "--output",
-            short="-o",
-            env=("GPUNODE_CDI_OUTPUT", "NVIDIA_CTK_CDI_OUTPUT_FILE_PATH"),
-            default=DEFAULT_OUTPUT,
-            metavar="FILE",
-            help="where to write the spec; '-' prints it",
-        )
-        f.add(
-            "--format",
-            env=("GPUNODE_CDI_FORMAT", "NVIDIA_CTK_CDI_FORMAT"),
-            choices=("yaml", "json"),
-            help="output format (default: json for a .json file name, else yaml)",
-        )
-        f.add(
-            "--watch",
-            env="GPUNODE_CDI_WATCH",
-            type=bool,
-            default=False,
-            help="stay up and rewrite the spec after every MIG configuration change",
-        )
-    else:
-        f.add("--spec", metavar="FILE", help="list the devices of this spec file instead (no NVML)")
-    return f
 
 
 @dataclass(frozen=True)
@@ -153,16 +70,27 @@ class GenerateJob:
     fmt: Format
 
 
-def spec_options(values: Mapping[str, Any]) -> SpecOptions:
-    """The builder's options from the effective flags; ``ValueError`` for bad values."""
-    driver_root = values["driver_root"] or "/"
+def spec_options(cdi: CdiSpecSettings, driver_root: str) -> SpecOptions:
+    """The builder's options from the settings; ``ValueError`` for bad values."""
+    root = driver_root or "/"
     return SpecOptions(
-        kind=make_kind(values["vendor"], values["device_class"], values.get("kind")),
-        name_strategies=parse_name_strategies(values["device_name_strategy"]),
-        all_device=values["all_device"],
-        driver_root=driver_root,
-        dev_root=values.get("dev_root") or driver_root,
-        hook_path=values["hook_path"],
+        kind=make_kind(cdi.vendor, cdi.device_class, cdi.kind),
+        name_strategies=parse_name_strategies(cdi.device_name_strategy),
+        all_device=cdi.all_device,
+        driver_root=root,
+        dev_root=cdi.dev_root or root,
+        hook_path=cdi.hook_path,
+    )
+
+
+def generate_job(cdi: CdiSpecSettings, driver_root: str, output: str, fmt: str | None) -> GenerateJob:
+    """What to build and where to write it (``output`` "" or "-": stdout); ``ValueError`` for bad values."""
+    opts = spec_options(cdi, driver_root)
+    return GenerateJob(
+        host=HostPaths(root=cdi.host_root, driver_root=opts.driver_root),
+        opts=opts,
+        output=None if output in ("", "-") else output,
+        fmt=format_for(output, fmt),
     )
 
 
@@ -255,17 +183,21 @@ async def watch(
         tg.create_task(regenerate(), name="regenerate")
 
 
-async def _generate(values: Mapping[str, Any], job: GenerateJob, verb: str) -> int:
-    from gpunode.agent.nvml import open_nvml
-
+async def _generate(
+    ctx: AgentContext[CdiGenerateSettings] | AgentContext[CdiListSettings],
+    job: GenerateJob,
+    verb: str,
+    *,
+    keep_watching: bool = False,
+) -> int:
     log = get_logger("gpunode.toolkit.cdi")
     try:
-        nvml = await open_nvml(job.host.driver_dir, values.get("simulate"), values.get("sim_state"))
+        nvml = await ctx.open_nvml(str(job.host.driver_dir))
     except NvmlError as exc:
         print(f"{PROG} {verb}: error: NVML: {exc}", file=sys.stderr)
         return 1
     try:
-        if verb == "generate" and values["watch"]:
+        if keep_watching:
             await watch(nvml, job, log)
             return 0
         try:
@@ -299,34 +231,45 @@ def _list_file(path: str) -> int:
     return 0
 
 
+def start_generate(ctx: AgentContext[CdiGenerateSettings]) -> Started:
+    s = ctx.settings
+    job = generate_job(s.cdi, s.common.driver_root, s.output, s.format)
+    if s.watch and job.output is None:
+        raise ValueError("--watch needs an --output file")
+    return Started(_generate(ctx, job, "generate", keep_watching=s.watch))
+
+
+def start_list(ctx: AgentContext[CdiListSettings]) -> int:
+    s = ctx.settings
+    if s.spec:
+        return _list_file(s.spec)
+    job = generate_job(s.cdi, s.common.driver_root, "-", None)
+    return run(_generate(ctx, job, "list"))  # the devices are printed, the settings not logged
+
+
+GENERATE = AgentSpec(
+    name="toolkit",
+    console_script="gpunode-toolkit",
+    verb="cdi generate",
+    settings_type=CdiGenerateSettings,
+    start=start_generate,
+    description=__doc__,
+    errors_with_verb=True,
+)
+LIST = AgentSpec(
+    name="toolkit",
+    console_script="gpunode-toolkit",
+    verb="cdi list",
+    settings_type=CdiListSettings,
+    start=start_list,
+    description=__doc__,
+    errors_with_verb=True,
+)
+SPECS: Mapping[str, AgentSpec[CdiGenerateSettings] | AgentSpec[CdiListSettings]] = {
+    "generate": GENERATE,
+    "list": LIST,
+}
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    split = split_verb(PROG, argv, VERBS, __doc__)
-    if isinstance(split, int):
-        return split
-    verb, rest = split
-    env = dict(os.environ if environ is None else environ)
-    flags = flag_set(verb)
-    parsed = flags.parse(rest, env)
-    values = parsed.values
-    if verb == "list" and values.get("spec"):
-        return _list_file(values["spec"])
-    configure_logging(values["log_format"], values["log_level"], agent="toolkit", node=values["node_name"])
-    output = values.get("output", "-")
-    try:
-        check_simulation(values.get("simulate"), values.get("sim_state"))
-        opts = spec_options(values)
-        fmt = format_for(output, values.get("format"))
-        if verb == "generate" and values["watch"] and output in ("", "-"):
-            raise ValueError("--watch needs an --output file")
-    except (ValueError, LookupError) as exc:
-        print(f"{PROG} {verb}: error: {exc}", file=sys.stderr)
-        return 2
-    job = GenerateJob(
-        host=HostPaths(root=values["host_root"], driver_root=opts.driver_root),
-        opts=opts,
-        output=None if output in ("", "-") else output,
-        fmt=fmt,
-    )
-    if verb == "generate":
-        log_effective_config(values, parsed.sources, flags=flags.flags.values())
-    return run(_generate(values, job, verb))
+    return verbs_main(PROG, SPECS, argv, environ, usage=__doc__)

@@ -9,22 +9,36 @@ Exit 0 on success, 1 on failure, 2 on bad usage or configuration.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from gpunode.agent.main import AgentSpec
 from gpunode.common.cli import split_verb
+from gpunode.toolkit import cdi_cli, runtime_cli
+from gpunode.toolkit.settings import CdiGenerateSettings, CdiListSettings, ConfigureSettings, RuntimeSettings
 
-GROUPS = ("cdi", "runtime")
+__all__ = ["SPECS", "main"]
+
+Main = Callable[[Sequence[str] | None, Mapping[str, str] | None], int]
+
+#: Each group's own `main` (``gpunode-toolkit GROUP VERB [flags]``).
+GROUPS: Mapping[str, Main] = {"cdi": cdi_cli.main, "runtime": runtime_cli.main}
+
+#: Every verb's spec, by ``"GROUP VERB"`` (what the registry lists).
+SPECS: Mapping[
+    str,
+    AgentSpec[CdiGenerateSettings]
+    | AgentSpec[CdiListSettings]
+    | AgentSpec[ConfigureSettings]
+    | AgentSpec[RuntimeSettings],
+] = {
+    **{f"cdi {verb}": spec for verb, spec in cdi_cli.SPECS.items()},
+    **{f"runtime {verb}": spec for verb, spec in runtime_cli.SPECS.items()},
+}
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    split = split_verb("gpunode-toolkit", argv, GROUPS, __doc__)
+    split = split_verb("gpunode-toolkit", argv, tuple(GROUPS), __doc__)
     if isinstance(split, int):
         return split
     group, rest = split
-    if group == "cdi":
-        from gpunode.toolkit import cdi_cli
-
-        return cdi_cli.main(rest, environ)
-    from gpunode.toolkit import runtime_cli
-
-    return runtime_cli.main(rest, environ)
+    return GROUPS[group](rest, environ)

@@ -606,8 +606,8 @@ def test_discovery_reads_nothing_outside_the_host_root(tmp_path: Path) -> None:
 def test_spec_options_from_flags(argv: list[str], environ: dict[str, str], expected: dict[str, Any]) -> None:
     from gpunode.toolkit import cdi_cli
 
-    values = cdi_cli.flag_set("generate").parse(argv, environ).values
-    opts = cdi_cli.spec_options(values)
+    settings = cdi_cli.GENERATE.parser().parse(argv, environ).settings
+    opts = cdi_cli.spec_options(settings.cdi, settings.common.driver_root)
     for key, value in expected.items():
         assert getattr(opts, key) == value
 
@@ -615,5 +615,5 @@ def test_spec_options_from_flags(argv: list[str], environ: dict[str, str], expec
 def test_watch_from_env() -> None:
     from gpunode.toolkit import cdi_cli
 
-    assert cdi_cli.flag_set("generate").parse([], {"GPUNODE_CDI_WATCH": "true"}).values["watch"] is True
-    assert cdi_cli.flag_set("generate").parse([], {}).values["watch"] is False
+    assert cdi_cli.GENERATE.parser().parse([], {"GPUNODE_CDI_WATCH": "true"}).settings.watch is True
+    assert cdi_cli.GENERATE.parser().parse([], {}).settings.watch is False
