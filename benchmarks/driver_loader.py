@@ -35,8 +35,11 @@ import psutil
 
 from benchlib import load_average, machine_base, percentile
 from gpunode.common.logging import configure_logging
+from gpunode.common.settings import resolve
+from gpunode.driver_loader.config import init_config
 from gpunode.driver_loader.kmod import RealHostOps
-from gpunode.driver_loader.loader import DriverLoader, config_from_values
+from gpunode.driver_loader.loader import DriverLoader
+from gpunode.driver_loader.settings import InitSettings
 from gpunode.sim.host import FakeHost
 
 SCRIPT = Path(sys.executable).with_name("gpunode-driver-loader")
@@ -65,11 +68,12 @@ async def in_process_ms(host: FakeHost, rounds: int, sink: TextIO) -> list[float
         "udev_timeout": 0,
         "create_device_nodes": host.cli_args()[-1].endswith("true"),
     }
+    settings, _ = resolve(InitSettings, values, {})
     times = []
     configure_logging("json", "info", agent="driver-loader", stream=sink)
     for _ in range(rounds):
         t0 = time.perf_counter_ns()
-        loader = DriverLoader(config_from_values(values), RealHostOps(host.paths, bin_dir=host.bin))
+        loader = DriverLoader(init_config(settings), RealHostOps(host.paths, bin_dir=host.bin))
         plan = await loader.init()
         times.append((time.perf_counter_ns() - t0) / 1e6)
         assert plan.fast_path, plan

@@ -10,70 +10,90 @@ Exit 0 on success, 1 on failure (driver in use, a step failed), 2 on bad usage o
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from gpunode.common.cli import FlagSet, add_common_flags, log_effective_config, split_verb
+from gpunode.agent.main import AgentContext, AgentSettings, AgentSpec, Started, verbs_main
 from gpunode.common.errors import ConfigError, UsageError
-from gpunode.common.logging import configure_logging
-from gpunode.common.runtime import run
-from gpunode.driver_loader.kmod import TOOLS, RealHostOps
-from gpunode.driver_loader.loader import (
-    DriverLoader,
-    add_loader_flags,
-    config_from_values,
-    run_init,
-    run_unload,
-    show_status,
+from gpunode.driver_loader.commands import run_init, run_unload, show_status
+from gpunode.driver_loader.config import LoaderConfig, init_config, loader_config
+from gpunode.driver_loader.kmod import RealHostOps
+from gpunode.driver_loader.loader import DriverLoader
+from gpunode.driver_loader.settings import (
+    HostSettings,
+    InitSettings,
+    StatusSettings,
+    UnloadSettings,
+    UpgradeSettings,
 )
 
-VERBS = ("init", "unload", "status", "upgrade")
+__all__ = ["SPECS", "main"]
+
+S = TypeVar("S", bound=AgentSettings)
 
 
-def flag_set(verb: str) -> FlagSet:
-    f = FlagSet(prog=f"gpunode-driver-loader {verb}", description=__doc__)
-    add_common_flags(f, config_file=False)
-    if verb == "upgrade":  # the driver manager's flags first: ours skip the ones it shares
-        from gpunode.driver_loader.upgrade import add_upgrade_flags
+def _loader(cfg: LoaderConfig, host: HostSettings, environ: Mapping[str, str]) -> DriverLoader:
+    ops = RealHostOps(cfg.paths, tools=host.tools(), bin_dir=host.bin_dir, environ=environ)
+    return DriverLoader(cfg, ops)
 
-        add_upgrade_flags(f)
-    add_loader_flags(f, verb)
-    return f
+
+def start_init(ctx: AgentContext[InitSettings]) -> Started:
+    s = ctx.settings
+    cfg = init_config(s)
+    port = None if s.oneshot or s.http_port < 0 else s.http_port
+    run = run_init(_loader(cfg, s.host, ctx.environ), oneshot=s.oneshot, dry_run=s.dry_run, http_port=port)
+    return Started(run, {"kernel": cfg.kernel})
+
+
+def start_unload(ctx: AgentContext[UnloadSettings]) -> Started:
+    cfg = loader_config(ctx.settings.common, ctx.settings.host)
+    return Started(run_unload(_loader(cfg, ctx.settings.host, ctx.environ)), {"kernel": cfg.kernel})
+
+
+def start_status(ctx: AgentContext[StatusSettings]) -> int:
+    return show_status(ctx.settings.host_root, as_json=ctx.settings.json)
+
+
+def start_upgrade(ctx: AgentContext[UpgradeSettings]) -> Started:
+    from gpunode.driver_loader.upgrade import run_upgrade
+
+    s = ctx.settings
+    cfg = loader_config(s.common, s.host, s.driver, s.load, force_reinstall=s.force_reinstall)
+    return Started(run_upgrade(s, _loader(cfg, s.host, ctx.environ)), {"kernel": cfg.kernel})
+
+
+def _spec(
+    verb: str,
+    settings: type[S],
+    start: Callable[[AgentContext[S]], Started | int],
+    *,
+    usage_errors: tuple[type[Exception], ...] = (UsageError, ConfigError),
+    default_http_port: int | None = None,
+) -> AgentSpec[S]:
+    return AgentSpec(
+        name="driver-loader",
+        console_script="gpunode-driver-loader",
+        verb=verb,
+        settings_type=settings,
+        start=start,
+        description=__doc__,
+        default_http_port=default_http_port,
+        usage_errors=usage_errors,
+        uses_nvml=False,
+    )
+
+
+SPECS: dict[str, AgentSpec[Any]] = {
+    "init": _spec("init", InitSettings, start_init, default_http_port=9454),
+    "unload": _spec("unload", UnloadSettings, start_unload),
+    "status": _spec("status", StatusSettings, start_status, usage_errors=()),
+    "upgrade": _spec("upgrade", UpgradeSettings, start_upgrade),
+}
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    env = dict(os.environ if environ is None else environ)
-    split = split_verb("gpunode-driver-loader", argv, VERBS, __doc__)
-    if isinstance(split, int):
-        return split
-    verb, rest = split
-    flags = flag_set(verb)
-    parsed = flags.parse(rest, env)
-    values = parsed.values
-    configure_logging(
-        values["log_format"], values["log_level"], agent="driver-loader", node=values["node_name"]
-    )
-    if verb == "status":
-        return show_status(values["host_root"], as_json=values["json"])
-    try:
-        cfg = config_from_values(values, read_params=verb != "unload")
-    except (UsageError, ConfigError) as exc:
-        print(f"gpunode-driver-loader: error: {exc}", file=sys.stderr)
-        return 2
-    log_effective_config(values, parsed.sources, flags=flags.flags.values(), kernel=cfg.kernel)
-    tools = {tool: values[tool.replace("-", "_")] for tool in TOOLS if values.get(tool.replace("-", "_"))}
-    loader = DriverLoader(
-        cfg, RealHostOps(cfg.paths, tools=tools, bin_dir=values.get("bin_dir"), environ=env)
-    )
-    if verb == "init":
-        port = None if values["oneshot"] or values["http_port"] < 0 else values["http_port"]
-        return run(run_init(loader, oneshot=values["oneshot"], dry_run=values["dry_run"], http_port=port))
-    if verb == "unload":
-        return run(run_unload(loader))
-    from gpunode.driver_loader.upgrade import run_upgrade
-
-    return run(run_upgrade(values, loader))
+    return verbs_main("gpunode-driver-loader", SPECS, argv, environ, usage=__doc__)
 
 
 if __name__ == "__main__":

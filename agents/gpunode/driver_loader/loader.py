@@ -1,4 +1,4 @@
-"""The driver loader: ``init`` (plan, then apply step by step), the health daemon, ``unload``, ``status``.
+"""The driver loader: ``init`` (plan, then apply step by step), the health daemon, ``unload``.
 
 ``init`` steps, in order, each logged (``step_started``/``step_done``/``step_failed`` with ``progress``)
 and recorded in ``/run/nvidia/gpunode-driver/status.json``:
@@ -42,65 +42,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
-import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpunode.api.readiness import CTR_READY, DRIVER_READY
-from gpunode.common.errors import ConfigError, UsageError
-from gpunode.common.hostpaths import HostPaths
 from gpunode.common.logging import Logger, get_logger
 from gpunode.driver_loader import devnodes, kmod
+from gpunode.driver_loader.config import LoaderConfig
 from gpunode.driver_loader.modules import (
-    MODULE_TYPES,
-    PARAM_MODULES,
     InitPlan,
-    ModuleType,
     Observed,
-    ParamFile,
     PlanInputs,
-    config_digest,
     firmware_disabled,
     modules_to_load,
     parse_driver_version,
-    parse_module_type,
-    parse_params,
     plan_init,
     render_modprobe_conf,
     sysfs_name,
     wants_coherent_param,
 )
 from gpunode.driver_loader.ops import DriverInUse, DriverUser
-from gpunode.driver_loader.readiness import (
-    Files,
-    InstanceLock,
-    LoaderBusy,
-    StatusBook,
-    iso,
-)
+from gpunode.driver_loader.readiness import Files, InstanceLock, LoaderBusy, StatusBook, iso
 
 if TYPE_CHECKING:
-    from gpunode.common.cli import FlagSet
     from gpunode.common.http import HealthServer
     from gpunode.common.metrics import AgentMetrics
 
-__all__ = [
-    "INIT_STEPS",
-    "UNLOAD_STEPS",
-    "DriverLoader",
-    "LoaderConfig",
-    "LoaderError",
-    "add_loader_flags",
-    "config_from_values",
-    "read_params_dir",
-    "show_status",
-]
+__all__ = ["INIT_STEPS", "UNLOAD_STEPS", "DriverLoader", "LoaderError"]
 
 AGENT = "driver-loader"
 INIT_STEPS = (
@@ -126,273 +98,6 @@ NOUVEAU_BLACKLIST = "blacklist nouveau\noptions nouveau modeset=0\n"
 
 class LoaderError(Exception):
     """A step failed; the message says what, with the tool's own words, and what to do."""
-
-
-# ------------------------------------------------------------------------------------ config
-
-
-@dataclass(frozen=True)
-class LoaderConfig:
-    paths: HostPaths
-    kernel: str
-    module_type: ModuleType = field(default_factory=lambda: parse_module_type("auto"))
-    driver_version: str | None = None
-    params_dir: Path = Path("/drivers")
-    params: tuple[ParamFile, ...] = ()
-    rdma: bool = False
-    force_reinstall: bool = False
-    digest_override: str | None = None
-    write_nouveau_blacklist: bool = False
-    validations_dir: str = "/run/nvidia/validations"
-    create_device_nodes: bool = True
-    udev_timeout: float = 3.0
-    health_interval: float = 30.0
-    persistenced_stop_timeout: float = 5.0
-
-    @property
-    def driver_root(self) -> str:
-        return str(self.paths.driver_root)
-
-    @property
-    def modules_tree(self) -> Path:
-        """``<driver-root>/lib/modules/<kernel>`` as seen from here."""
-        return self.paths.driver_dir / "lib" / "modules" / self.kernel
-
-    @property
-    def modules_target(self) -> Path:
-        """Where precompiled modules live and where a build installs them."""
-        return self.modules_tree / "kernel" / "drivers" / "video"
-
-    @property
-    def digest(self) -> str:
-        if self.digest_override:
-            return self.digest_override
-        return config_digest(
-            driver_version=self.driver_version,
-            driver_root=self.driver_root,
-            module_type=self.module_type.raw,
-            kernel=self.kernel,
-            params=self.params,
-            rdma=self.rdma,
-        )
-
-
-def read_params_dir(directory: Path) -> tuple[ParamFile, ...]:
-    """``<module>.conf`` for each NVIDIA module in ``directory`` (a missing directory: no parameters)."""
-    if not directory.exists():
-        return ()
-    if not directory.is_dir():
-        raise ConfigError(directory, ["not a directory; fix: point --module-params-dir at the directory"])
-    found: list[ParamFile] = []
-    for module in PARAM_MODULES:
-        for name in (f"{module}.conf", f"{sysfs_name(module)}.conf"):
-            path = directory / name
-            if not path.exists() and not path.is_symlink():
-                continue
-            try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                raise ConfigError(
-                    path,
-                    [
-                        f"cannot read the module parameter file ({reason}); fix: make it a readable "
-                        f"UTF-8 text file of name=value parameters, or remove it"
-                    ],
-                ) from None
-            try:
-                params = parse_params(text)
-            except ValueError as exc:
-                raise ConfigError(
-                    path, [f"{exc}; fix: write parameters as name=value, # for comments"]
-                ) from None
-            found.append(ParamFile(module, str(path), text, params))
-            break
-    return tuple(found)
-
-
-def detect_kernel(paths: HostPaths) -> str:
-    """The host's ``uname -r``: ``/proc/sys/kernel/osrelease`` under the host root (else our own)."""
-    try:
-        release = (paths.proc / "sys" / "kernel" / "osrelease").read_text().strip()
-    except OSError:
-        release = ""
-    return release or os.uname().release
-
-
-def detect_driver_version(paths: HostPaths) -> str | None:
-    """From the driver root's ``usr/src/nvidia-<version>`` (one of them), else None."""
-    with contextlib.suppress(OSError):
-        versions = sorted(
-            p.name.removeprefix("nvidia-")
-            for p in (paths.driver_dir / "usr" / "src").iterdir()
-            if p.name.startswith("nvidia-") and p.name[7:8].isdigit()
-        )
-        if len(versions) == 1:
-            return versions[0]
-    return None
-
-
-def config_from_values(values: Mapping[str, Any], *, read_params: bool = True) -> LoaderConfig:
-    """The loader's configuration from parsed flags; :class:`UsageError`/:class:`ConfigError` (exit 2)."""
-    host_root = Path(values.get("host_root") or "/")
-    if not host_root.is_dir():
-        raise UsageError(
-            f"--host-root {host_root} does not exist or is not a directory; fix: mount the host's / "
-            f"there (hostPath volume) or pass --host-root/GPUNODE_HOST_ROOT with the right path"
-        )
-    paths = HostPaths(root=host_root, driver_root=values.get("driver_root") or "/")
-    try:
-        module_type = parse_module_type(str(values.get("kernel_module_type") or "auto"))
-    except ValueError as exc:
-        raise UsageError(f"--kernel-module-type/KERNEL_MODULE_TYPE: {exc}") from None
-    params_dir = Path(values.get("module_params_dir") or "/drivers")
-    return LoaderConfig(
-        paths=paths,
-        kernel=values.get("kernel_version") or detect_kernel(paths),
-        module_type=module_type,
-        driver_version=values.get("driver_version") or detect_driver_version(paths),
-        params_dir=params_dir,
-        params=read_params_dir(params_dir) if read_params else (),
-        rdma=bool(values.get("gpu_direct_rdma")),
-        force_reinstall=bool(values.get("force_reinstall")),
-        digest_override=values.get("driver_config_digest") or None,
-        write_nouveau_blacklist=bool(values.get("write_nouveau_blacklist")),
-        validations_dir=values.get("validations_dir") or "/run/nvidia/validations",
-        create_device_nodes=values.get("create_device_nodes", True) is not False,
-        udev_timeout=float(values.get("udev_timeout", 3.0)),
-        health_interval=float(values.get("health_interval", 30.0)),
-    )
-
-
-def _add(f: FlagSet, option: str, **kw: Any) -> None:
-    """Declare a flag unless the upgrade flags already did (they share FORCE_REINSTALL)."""
-    dest = kw.get("dest") or option[2:].replace("-", "_")
-    if dest not in f.flags and option not in f.parser._option_string_actions:
-        f.add(option, **kw)
-
-
-def add_loader_flags(f: FlagSet, verb: str) -> None:
-    """The flags :func:`config_from_values` reads, for ``init``/``upgrade``, ``unload`` or ``status``."""
-    _add(
-        f,
-        "--host-root",
-        env="GPUNODE_HOST_ROOT",
-        default="/",
-        metavar="DIR",
-        help="where the host's / is mounted",
-    )
-    if verb == "status":
-        _add(f, "--json", type=bool, default=False, help="print the status document as JSON")
-        return
-    _add(
-        f,
-        "--validations-dir",
-        default="/run/nvidia/validations",
-        metavar="DIR",
-        help="readiness files (host path)",
-    )
-    _add(f, "--bin-dir", env="GPUNODE_DRIVER_BIN_DIR", metavar="DIR", help="take every tool from DIR only")
-    for tool in kmod.TOOLS:
-        _add(f, f"--{tool}", metavar="PATH", help=f"the {tool} executable")
-    if verb == "unload":
-        return
-    _add(
-        f,
-        "--kernel-module-type",
-        env="KERNEL_MODULE_TYPE",
-        type=str.lower,
-        choices=MODULE_TYPES,
-        default="auto",
-        help="module source (auto, precompiled, runcompiled) or NVIDIA's flavour (open, proprietary)",
-    )
-    _add(
-        f,
-        "--kernel-version",
-        env="KERNEL_VERSION",
-        metavar="KVER",
-        help="kernel to load for (default: the host's uname -r)",
-    )
-    _add(
-        f,
-        "--module-params-dir",
-        default="/drivers",
-        metavar="DIR",
-        help="<module>.conf module parameter files",
-    )
-    _add(
-        f,
-        "--driver-version",
-        env="DRIVER_VERSION",
-        metavar="VER",
-        help="driver version (default: from the driver root)",
-    )
-    _add(
-        f,
-        "--gpu-direct-rdma",
-        env="GPU_DIRECT_RDMA_ENABLED",
-        type=bool,
-        default=False,
-        help="GPUDirect RDMA: also load nvidia-peermem",
-    )
-    _add(
-        f,
-        "--force-reinstall",
-        env="FORCE_REINSTALL",
-        type=bool,
-        default=False,
-        help="reload even when the digest matches",
-    )
-    _add(
-        f,
-        "--driver-config-digest",
-        env="DRIVER_CONFIG_DIGEST",
-        metavar="SHA",
-        help="digest to record and compare (default: computed)",
-    )
-    _add(
-        f,
-        "--write-nouveau-blacklist",
-        type=bool,
-        default=False,
-        help="write blacklist-nouveau.conf when nouveau is loaded",
-    )
-    _add(
-        f,
-        "--create-device-nodes",
-        env="GPUNODE_CREATE_DEVICE_NODES",
-        type=bool,
-        default=True,
-        help="mknod the /dev/nvidia* nodes the driver does not create (false: only report them)",
-    )
-    _add(
-        f,
-        "--udev-timeout",
-        type=float,
-        default=3.0,
-        metavar="SECONDS",
-        help="wait this long for udev before mknod",
-    )
-    if verb == "init":
-        _add(f, "--oneshot", type=bool, default=False, help="load and exit instead of staying a daemon")
-        _add(f, "--dry-run", type=bool, default=False, help="print the plan, change nothing")
-        _add(
-            f,
-            "--health-interval",
-            type=float,
-            default=30.0,
-            metavar="SECONDS",
-            help="seconds between the daemon's health checks",
-        )
-        _add(
-            f,
-            "--http-port",
-            env="GPUNODE_HTTP_PORT",
-            type=int,
-            default=9454,
-            metavar="PORT",
-            help="/healthz, /readyz, /metrics (0: any free port, -1: off)",
-        )
 
 
 # ------------------------------------------------------------------------------------ loader
@@ -1091,56 +796,3 @@ class DriverLoader:
                 f"install it or pass --{name}"
             )
         return found
-
-
-# ------------------------------------------------------------------------------------ commands
-
-
-async def run_init(loader: DriverLoader, *, oneshot: bool, dry_run: bool, http_port: int | None) -> int:
-    if dry_run:
-        plan = loader.plan()
-        print("\n".join(plan.describe()))
-        return 0
-    if not oneshot:
-        return await loader.serve(http_port=http_port)
-    try:
-        await loader.init()
-    except (LoaderError, DriverInUse) as exc:
-        print(f"gpunode-driver-loader: init failed: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-async def run_unload(loader: DriverLoader) -> int:
-    try:
-        await loader.unload()
-    except DriverInUse as exc:
-        print(f"gpunode-driver-loader: refusing to unload: {exc}", file=sys.stderr)
-        for user in exc.users:
-            print(f"  {user}", file=sys.stderr)
-        return 1
-    except LoaderError as exc:
-        print(f"gpunode-driver-loader: unload failed: {exc}", file=sys.stderr)
-        return 1
-    print("NVIDIA driver unloaded")
-    return 0
-
-
-def show_status(host_root: str, *, as_json: bool) -> int:
-    """``status``: 0 when the last command is done/serving, 1 when it failed or never ran."""
-    from gpunode.driver_loader.readiness import read_status, render_status
-
-    path = Files(HostPaths(root=host_root)).status
-    try:
-        doc = read_status(path)
-    except (OSError, ValueError) as exc:
-        print(f"gpunode-driver-loader: no status at {path} ({exc}); has init run?", file=sys.stderr)
-        return 1
-    pid = doc.get("pid")
-    alive = isinstance(pid, int) and kmod.RealHostOps(HostPaths()).pid_alive(pid)
-    if as_json:
-        print(json.dumps({**doc, "processAlive": alive}, indent=2))
-    else:
-        print(render_status(doc, alive=alive))
-    failed = any(s.get("state") == "failed" for s in doc["steps"]) or doc.get("phase") == "failed"
-    return 1 if failed else 0

@@ -45,8 +45,8 @@ How it differs from NVIDIA's, and why:
 Pods with emptyDir volumes (``PodInfo.empty_dirs``) are evicted only with ``DRAIN_DELETE_EMPTYDIR_DATA``,
 as kubectl drain does: their data goes with them.
 
-The Kubernetes client is imported only when an upgrade runs: ``add_upgrade_flags`` costs the driver
-loader nothing.
+The settings are :class:`~gpunode.driver_loader.settings.UpgradeSettings`. The Kubernetes client is
+imported only when an upgrade runs: the settings cost the driver loader nothing.
 """
 
 from __future__ import annotations
@@ -61,10 +61,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from gpunode.common.cli import FlagSet, add_kube_flags, parse_bool, parse_duration
 from gpunode.common.errors import UsageError
 from gpunode.common.logging import get_logger
 from gpunode.driver_loader.ops import DriverInUse, DriverOps
+from gpunode.driver_loader.settings import (
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_OPERAND_TIMEOUT,
+    UpgradeSettings,
+    pod_selector,
+)
 from gpunode.kube.api import KubeConflict, KubeError, KubeForbidden, KubeUnavailable, PodInfo
 from gpunode.kube.drain import PodDecision, decide_pod, is_gpu_pod, plan_drain
 from gpunode.kube.operands import (
@@ -75,7 +80,6 @@ from gpunode.kube.operands import (
     OperandsBusy,
     OperandsNotStopped,
 )
-from gpunode.kube.selectors import LabelSelector, is_label_key
 
 if TYPE_CHECKING:
     from gpunode.kube.client import Kube
@@ -92,9 +96,7 @@ __all__ = [
     "UpgradeFailed",
     "UpgradeOptions",
     "UpgradeRecord",
-    "add_upgrade_flags",
     "driver_operands",
-    "parse_duration",
     "run_upgrade",
 ]
 
@@ -106,8 +108,6 @@ DRIVER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.driver"
 PRE_INSTALLED = "pre-installed"
 UPGRADE_CONTROLLER_ANNOTATION = "nvidia.com/gpu-driver-upgrade-enabled"
 UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
-DEFAULT_DRAIN_TIMEOUT = 300.0
-DEFAULT_OPERAND_TIMEOUT = 300.0
 
 _OURS = "app.kubernetes.io/name"
 # The operands NVIDIA's driver manager pauses (reference 1.9), with the pod labels of NVIDIA's DaemonSets
@@ -147,11 +147,6 @@ def driver_operands(extra_label: str = "") -> tuple[Operand, ...]:
 
 
 DRIVER_OPERANDS = driver_operands()
-
-
-def _pod_selector(text: str) -> LabelSelector:
-    """``DRAIN_POD_SELECTOR_LABEL``: a label selector without the integer compares ``>`` / ``<``."""
-    return LabelSelector.parse(text, numeric=False)
 
 
 # ============================================================================================ pure parts
@@ -198,25 +193,21 @@ class UpgradeOptions:
     progress_interval: float = 10.0  # seconds between progress events while nothing changes
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> UpgradeOptions:
-        """From :func:`add_upgrade_flags`' values (by dest); :class:`UsageError` for a bad value."""
-        selector = str(values.get("drain_pod_selector_label") or "")
-        label = str(values.get("node_label_for_gpu_pod_eviction") or "")
+    def from_settings(cls, settings: UpgradeSettings) -> UpgradeOptions:
+        """From ``upgrade``'s settings (already parsed and checked by their flags); :class:`UsageError`
+        for a timeout out of range."""
         try:
-            _pod_selector(selector)
-            if label:
-                _label_key(label)
             options = cls(
-                gpu_pod_eviction=_as_bool(values.get("enable_gpu_pod_eviction"), True),
-                auto_drain=_as_bool(values.get("enable_auto_drain"), False),
-                drain_use_force=_as_bool(values.get("drain_use_force"), False),
-                drain_pod_selector=selector,
-                drain_timeout=_as_seconds(values.get("drain_timeout_seconds"), DEFAULT_DRAIN_TIMEOUT),
-                drain_delete_emptydir_data=_as_bool(values.get("drain_delete_emptydir_data"), False),
-                operator_namespace=str(values.get("operator_namespace") or "gpu-operator"),
-                eviction_label=label,
-                force_reinstall=_as_bool(values.get("force_reinstall"), False),
-                operand_timeout=_as_seconds(values.get("operand_timeout"), DEFAULT_OPERAND_TIMEOUT),
+                gpu_pod_eviction=settings.enable_gpu_pod_eviction,
+                auto_drain=settings.enable_auto_drain,
+                drain_use_force=settings.drain_use_force,
+                drain_pod_selector=settings.drain_pod_selector_label or "",
+                drain_timeout=_seconds(settings.drain_timeout_seconds),
+                drain_delete_emptydir_data=settings.drain_delete_emptydir_data,
+                operator_namespace=settings.operator_namespace or "gpu-operator",
+                eviction_label=settings.node_label_for_gpu_pod_eviction or "",
+                force_reinstall=settings.force_reinstall,
+                operand_timeout=_seconds(settings.operand_timeout),
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
@@ -238,117 +229,10 @@ class UpgradeOptions:
         }
 
 
-def _as_bool(value: Any, default: bool) -> bool:
-    if value is None:
-        return default
-    if isinstance(value, str):
-        return parse_bool(value)
-    return bool(value)
-
-
-def _as_seconds(value: Any, default: float) -> float:
-    if value is None or value == "":
-        return default
-    seconds = parse_duration(value) if isinstance(value, str) else float(value)
-    if not math.isfinite(seconds) or seconds < 0:
+def _seconds(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
         raise ValueError(f"invalid duration {value!r}: must be 0 or more seconds")
-    return seconds
-
-
-def _label_key(text: str) -> str:
-    key = text.strip()
-    if not is_label_key(key):
-        raise ValueError(f"{text!r} is not a valid node label key (like example.com/gpu-workload)")
-    return key
-
-
-def _selector_text(text: str) -> str:
-    _pod_selector(text)
-    return text.strip()
-
-
-def add_upgrade_flags(flags: FlagSet) -> None:
-    """The driver manager's settings, under NVIDIA's environment variables, and the Kubernetes flags.
-    (``--node-name`` / ``NODE_NAME`` comes from the common flags.)"""
-    flags.add(
-        "--enable-gpu-pod-eviction",
-        env="ENABLE_GPU_POD_EVICTION",
-        type=bool,
-        default=True,
-        help="before unloading a loaded driver, cordon the node and evict the pods requesting "
-        "nvidia.com/gpu* or nvidia.com/mig-* resources",
-    )
-    flags.add(
-        "--enable-auto-drain",
-        env="ENABLE_AUTO_DRAIN",
-        type=bool,
-        default=False,
-        help="drain the whole node when GPU pods do not leave in time or the driver is still in use "
-        "(as the GPU Operator sets it; NVIDIA's command-line default is true)",
-    )
-    flags.add(
-        "--drain-use-force",
-        env="DRAIN_USE_FORCE",
-        type=bool,
-        default=False,
-        help="also evict pods no controller manages (nothing recreates them); without it they stop "
-        "the upgrade",
-    )
-    flags.add(
-        "--drain-pod-selector-label",
-        env="DRAIN_POD_SELECTOR_LABEL",
-        type=_selector_text,
-        metavar="SELECTOR",
-        help="label selector limiting the whole-node drain (default: every pod but DaemonSet and "
-        "static pods)",
-    )
-    flags.add(
-        "--drain-timeout-seconds",
-        env="DRAIN_TIMEOUT_SECONDS",
-        type=parse_duration,
-        default=DEFAULT_DRAIN_TIMEOUT,
-        metavar="DURATION",
-        help="how long evicted pods may take to leave: seconds or a Go duration (5m); 0 or 0s: no limit "
-        "(NVIDIA's default, 0s, waits forever)",
-    )
-    flags.add(
-        "--drain-delete-emptydir-data",
-        env="DRAIN_DELETE_EMPTYDIR_DATA",
-        type=bool,
-        default=False,
-        help="evict GPU pods with emptyDir volumes too (their data is lost); otherwise they block",
-    )
-    flags.add(
-        "--operator-namespace",
-        env="OPERATOR_NAMESPACE",
-        default="gpu-operator",
-        metavar="NS",
-        help="the GPU Operator's namespace (accepted; operand pods are waited for in every namespace)",
-    )
-    flags.add(
-        "--node-label-for-gpu-pod-eviction",
-        env="NODE_LABEL_FOR_GPU_POD_EVICTION",
-        type=_label_key,
-        metavar="KEY",
-        help="one more node label to pause like the operands' deploy labels, so that the pods selecting "
-        "it leave the node during the upgrade",
-    )
-    flags.add(
-        "--force-reinstall",
-        env="FORCE_REINSTALL",
-        type=bool,
-        default=False,
-        help="reload the driver even when the loaded one has the configuration we would load",
-    )
-    flags.add(
-        "--operand-timeout",
-        env="GPUNODE_OPERAND_TIMEOUT",
-        type=float,
-        default=DEFAULT_OPERAND_TIMEOUT,
-        metavar="SECONDS",
-        help="seconds for the operand pods to leave the node; then: failed, operands restored",
-    )
-    add_kube_flags(flags, namespace_help="namespace of the objects this agent writes (none at present)")
+    return value
 
 
 # ============================================================================================ the flow
@@ -415,7 +299,7 @@ class DriverUpgrade:
         self.options = options or UpgradeOptions()
         self.operands = driver_operands(self.options.eviction_label)
         self.pauser = pauser or OperandPauser(kube, OWNER, operands=self.operands, poll=self.options.poll)
-        self.selector = _pod_selector(self.options.drain_pod_selector)
+        self.selector = pod_selector(self.options.drain_pod_selector)
         self.clock = clock
         self.sleep = sleep
         self.log = get_logger("gpunode.driver_loader.upgrade")
@@ -825,18 +709,18 @@ async def _run_to_end(cleanup: Coroutine[Any, Any, None]) -> None:
 
 
 # ============================================================================================ entry point
-async def run_upgrade(values: Mapping[str, Any], ops: DriverOps) -> int:
-    """One driver-manager run with the settings of :func:`add_upgrade_flags` (and ``node_name``):
-    0 done (or nothing to do), 1 failed (the reason on stderr and in the logs), 2 usage error."""
+async def run_upgrade(settings: UpgradeSettings, ops: DriverOps) -> int:
+    """One driver-manager run with ``upgrade``'s settings: 0 done (or nothing to do), 1 failed (the
+    reason on stderr and in the logs), 2 usage error."""
     try:
-        options = UpgradeOptions.from_values(values)
+        options = UpgradeOptions.from_settings(settings)
         from gpunode.kube.client import Kube
 
         kube = Kube.connect(
-            values.get("node_name"),
-            values.get("kubeconfig"),
+            settings.common.node_name,
+            settings.kube.kubeconfig,
             namespace=options.operator_namespace,
-            timeout=float(values.get("kube_api_timeout") or 10.0),
+            timeout=settings.kube.kube_api_timeout or 10.0,
             field_manager=OWNER,
         )
     except UsageError as exc:

@@ -26,9 +26,12 @@ from typing import Any
 
 import pytest
 
+from gpunode.common.settings import resolve
 from gpunode.driver_loader.cli import main
-from gpunode.driver_loader.loader import DriverLoader, LoaderError, config_from_values
+from gpunode.driver_loader.config import init_config
+from gpunode.driver_loader.loader import DriverLoader, LoaderError
 from gpunode.driver_loader.ops import DriverInUse, DriverOps
+from gpunode.driver_loader.settings import InitSettings
 from gpunode.sim.host import KERNEL, FakeHost
 from helpers.fakehost import host_ops
 from helpers.waiting import wait_until
@@ -52,7 +55,8 @@ def make_loader(host: FakeHost, **values: Any) -> DriverLoader:
         "module_params_dir": str(host.params_dir),
         "udev_timeout": 0,
     }
-    loader = DriverLoader(config_from_values({**base, **values}), host_ops(host))
+    settings, _ = resolve(InitSettings, {**base, **values}, {})
+    loader = DriverLoader(init_config(settings), host_ops(host))
     return loader
 
 

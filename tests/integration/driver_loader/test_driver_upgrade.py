@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from gpunode.common.cli import FlagSet, add_common_flags
+from gpunode.common.settings import SettingsParser
 from gpunode.driver_loader.ops import DriverInUse, DriverUser
+from gpunode.driver_loader.settings import UpgradeSettings
 from gpunode.driver_loader.upgrade import (
     OWNER,
     PAUSE_REASON,
@@ -31,7 +32,6 @@ from gpunode.driver_loader.upgrade import (
     DriverUpgrade,
     Outcome,
     UpgradeOptions,
-    add_upgrade_flags,
     run_upgrade,
 )
 from gpunode.kube.client import Kube, load_kubeconfig
@@ -651,11 +651,9 @@ async def test_an_api_server_still_coming_up_is_waited_for(api: FakeApiServer, t
 
 
 # -- the entry point -------------------------------------------------------------------------------------
-def values(environ: dict[str, str]) -> dict[str, Any]:
-    flags = FlagSet(prog="gpunode-driver-loader")
-    add_common_flags(flags, config_file=False)
-    add_upgrade_flags(flags)
-    return flags.parse([], environ, exit_on_error=False).values
+def values(environ: dict[str, str]) -> UpgradeSettings:
+    parser = SettingsParser(UpgradeSettings, prog="gpunode-driver-loader upgrade")
+    return parser.parse([], environ, exit_on_error=False).settings
 
 
 async def test_run_upgrade_exit_codes(
@@ -679,8 +677,9 @@ async def test_run_upgrade_exit_codes(
 async def test_the_flags_do_not_load_the_kubernetes_client() -> None:
     # The driver loader adds these flags on every start; lightkube costs about 0.3 s and 30 MB.
     code = (
-        "import sys; from gpunode.driver_loader import upgrade; "
-        "from gpunode.common.cli import FlagSet; upgrade.add_upgrade_flags(FlagSet(prog='x')); "
+        "import sys; from gpunode.driver_loader import cli, settings, upgrade; "
+        "from gpunode.common.settings import SettingsParser; "
+        "SettingsParser(settings.UpgradeSettings, prog='x'); "
         "print('lightkube' in sys.modules, len(upgrade.DRIVER_OPERANDS))"
     )
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)

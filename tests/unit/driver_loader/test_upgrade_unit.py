@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from gpunode.common.cli import FlagSet, add_common_flags
+from gpunode.common.cli import parse_duration
 from gpunode.common.errors import UsageError
+from gpunode.common.settings import SettingsParser, flags_of, resolve
+from gpunode.driver_loader.settings import UpgradeSettings
 from gpunode.driver_loader.upgrade import (
     DRIVER_OPERAND_PODS,
     UpgradeOptions,
     UpgradeRecord,
-    add_upgrade_flags,
     driver_operands,
-    parse_duration,
 )
 from gpunode.kube.operands import Operand
 
@@ -101,15 +101,21 @@ def test_the_eviction_label_is_one_more_operand(extra: str, label: str, count: i
 
 
 # -- flags ---------------------------------------------------------------------------------------------------
-def parse(environ: dict[str, str], argv: list[str] | None = None) -> dict[str, Any]:
-    flags = FlagSet(prog="gpunode-driver-loader")
-    add_common_flags(flags, config_file=False)
-    add_upgrade_flags(flags)
-    return flags.parse(argv or [], environ, exit_on_error=False).values
+def parse(environ: dict[str, str], argv: list[str] | None = None) -> UpgradeSettings:
+    parser = SettingsParser(UpgradeSettings, prog="gpunode-driver-loader upgrade")
+    return parser.parse(argv or [], environ, exit_on_error=False).settings
+
+
+def settings_from(values: dict[str, Any]) -> UpgradeSettings:
+    """Settings from values by field name: text goes through the flag's parser (as an env var would),
+    anything else is taken as it is."""
+    env = {f.envs[0]: v for f in flags_of(UpgradeSettings) if isinstance(v := values.get(f.dest), str)}
+    typed = {k: v for k, v in values.items() if not isinstance(v, str)}
+    return resolve(UpgradeSettings, typed, env)[0]
 
 
 def test_defaults() -> None:
-    options = UpgradeOptions.from_values(parse({}))
+    options = UpgradeOptions.from_settings(parse({}))
     assert options == UpgradeOptions()
     assert options.gpu_pod_eviction is True
     assert options.auto_drain is False
@@ -132,8 +138,8 @@ def test_the_operators_environment_is_accepted_unchanged() -> None:
         "GPUNODE_OPERAND_TIMEOUT": "60",
     }
     values = parse(env)
-    assert values["node_name"] == "node-1"
-    options = UpgradeOptions.from_values(values)
+    assert values.common.node_name == "node-1"
+    options = UpgradeOptions.from_settings(values)
     assert options == UpgradeOptions(
         gpu_pod_eviction=True,
         auto_drain=True,
@@ -152,7 +158,7 @@ def test_flags_beat_the_environment() -> None:
     values = parse(
         {"ENABLE_GPU_POD_EVICTION": "true"}, ["--no-enable-gpu-pod-eviction", "--drain-timeout-seconds=5m"]
     )
-    options = UpgradeOptions.from_values(values)
+    options = UpgradeOptions.from_settings(values)
     assert options.gpu_pod_eviction is False
     assert options.drain_timeout == 300.0
 
@@ -182,4 +188,4 @@ def test_bad_settings_are_usage_errors_naming_the_variable(env: dict[str, str], 
 )
 def test_options_from_other_values_are_checked_too(values: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        UpgradeOptions.from_values(values)
+        UpgradeOptions.from_settings(settings_from(values))
