@@ -237,9 +237,10 @@ def plugin_executable() -> str:
 
 def plugin_env() -> dict[str, str]:
     """This environment without anything that would change the plugin's settings or health policy."""
-    from gpunode.device_plugin.cli import flag_set
+    from gpunode.common.settings import flags_of
+    from gpunode.device_plugin.flags import DevicePluginFlags
 
-    drop = {e for f in flag_set().flags.values() for e in f.envs}
+    drop = {e for f in flags_of(DevicePluginFlags) for e in f.envs}
     drop |= {"DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "NOTIFY_SOCKET", "WATCHDOG_USEC"}
     drop |= {"WATCHDOG_PID", "GPUNODE_SIM_STATE"}
     return {k: v for k, v in os.environ.items() if k not in drop}
@@ -830,9 +831,10 @@ async def handler_cost(tmp: Path, state: Path, case: Case, config: Path | None, 
     from gpunode.agent.nvml import open_nvml
     from gpunode.api.plugin_config import PluginConfig
     from gpunode.common.logging import configure_logging
-    from gpunode.device_plugin.cli import flag_set, settings_loader
+    from gpunode.device_plugin.cli import SPEC
     from gpunode.device_plugin.plugin import AgentOptions, DevicePlugin
     from gpunode.device_plugin.server import _Servicer
+    from gpunode.device_plugin.settings import PluginSettings, plugin_settings
 
     plugin_dir = tmp / f"in-process-{case.key}"
     plugin_dir.mkdir()
@@ -846,11 +848,14 @@ async def handler_cost(tmp: Path, state: Path, case: Case, config: Path | None, 
     ]
     argv += ["--config-file", str(config)] if config is not None else []
     env = plugin_env()
-    flags = flag_set()
-    parsed = flags.parse(argv, env, config_model=PluginConfig)
+    parser = SPEC.parser()
+    parsed = parser.parse(argv, env, PluginConfig)
     # the plugin's log lines (errors only) go nowhere: stdout carries the report
     configure_logging("json", "error", agent="device-plugin", stream=io.StringIO())
-    load = settings_loader(flags, parsed.args, env)
+
+    def load(cfg: PluginConfig | None) -> PluginSettings:
+        return plugin_settings(parser.resolve(parsed.args, env, cfg)[0], cfg)
+
     settings = load(parsed.config)
     opts = AgentOptions(
         kubelet_socket=plugin_dir / "kubelet.sock", config_file=None, load_settings=load, http_port=None

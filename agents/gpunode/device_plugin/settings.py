@@ -30,8 +30,9 @@ from gpunode.common.errors import UsageError
 
 if TYPE_CHECKING:
     from gpunode.api.plugin_config import PluginConfig
+    from gpunode.device_plugin.flags import DevicePluginFlags
 
-__all__ = ["PluginSettings", "settings_from_config"]
+__all__ = ["PluginSettings", "plugin_settings", "settings_from_config"]
 
 
 @dataclass(frozen=True)
@@ -164,3 +165,20 @@ def settings_from_config(cfg: PluginConfig | None, overrides: Mapping[str, Any])
     if "dev_root" not in merged or merged["dev_root"] is None:
         merged["dev_root"] = merged.get("driver_root", "/")
     return PluginSettings(**merged)
+
+
+def plugin_settings(flags: DevicePluginFlags, config: PluginConfig | None) -> PluginSettings:
+    """The effective settings for ``config`` (None: no file): the resolved command line (flag > env >
+    the file's ``flags`` > default, already applied) over the rest of the file."""
+    overrides: dict[str, object] = {
+        "mig_strategy": flags.mig_strategy,
+        "fail_on_init_error": flags.fail_on_init_error,
+        "pass_device_specs": flags.pass_device_specs,
+        "device_list_strategies": flags.device_list_strategy,
+        "device_id_strategy": flags.device_id_strategy,
+        "cdi_annotation_prefix": flags.cdi_annotation_prefix,
+        "shared_allocation_policy": flags.shared_devices_allocation_policy,
+        "driver_root": flags.common.driver_root,
+        "dev_root": flags.dev_root,
+    }
+    return settings_from_config(config, {key: value for key, value in overrides.items() if value is not None})
