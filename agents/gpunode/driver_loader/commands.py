@@ -11,9 +11,11 @@ import sys
 
 from gpunode.common.hostpaths import HostPaths
 from gpunode.driver_loader import kmod
-from gpunode.driver_loader.loader import DriverLoader, LoaderError
+from gpunode.driver_loader.daemon import HealthDaemon
+from gpunode.driver_loader.loader import DriverLoader
 from gpunode.driver_loader.ops import DriverInUse
 from gpunode.driver_loader.readiness import Files
+from gpunode.driver_loader.steps import LoaderError
 
 __all__ = ["run_init", "run_unload", "show_status"]
 
@@ -24,7 +26,7 @@ async def run_init(loader: DriverLoader, *, oneshot: bool, dry_run: bool, http_p
         print("\n".join(plan.describe()))
         return 0
     if not oneshot:
-        return await loader.serve(http_port=http_port)
+        return await HealthDaemon(loader).serve(http_port=http_port)
     try:
         await loader.init()
     except (LoaderError, DriverInUse) as exc:

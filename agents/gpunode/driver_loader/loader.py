@@ -1,4 +1,4 @@
-"""The driver loader: ``init`` (plan, then apply step by step), the health daemon, ``unload``.
+"""The driver loader's ``init`` and ``unload``: plan, then apply step by step (:class:`DriverLoader`).
 
 ``init`` steps, in order, each logged (``step_started``/``step_done``/``step_failed`` with ``progress``)
 and recorded in ``/run/nvidia/gpunode-driver/status.json``:
@@ -19,11 +19,10 @@ and recorded in ``/run/nvidia/gpunode-driver/status.json``:
 The digest is recorded just before the first ``modprobe``, so a run killed part-way converges on the
 next: the modules already loaded are kept, the missing ones are loaded, nothing is loaded twice.
 
-As a daemon (without ``--oneshot``) it then checks every ``--health-interval`` seconds: missing modules
-are loaded again, missing or wrong device nodes made again, a dead nvidia-persistenced restarted; while
-any of that fails the readiness files are removed and ``/readyz`` fails. SIGTERM removes what NVIDIA's
-preStop hook removes (``.driver-ctr-ready``, ``.driver-daemons-status``) and leaves the modules loaded,
-so restarting the agent never disturbs running GPU work; ``unload`` removes them.
+As a daemon (without ``--oneshot``) :class:`~gpunode.driver_loader.daemon.HealthDaemon` then keeps the
+driver healthy; ``unload`` removes the modules. What the plan is made of is read by
+:mod:`~gpunode.driver_loader.observe` and planned by the pure :mod:`~gpunode.driver_loader.modules`;
+each step is logged and recorded by :mod:`~gpunode.driver_loader.steps`.
 
 Where this differs from NVIDIA's driver container and driver manager, and why:
 
@@ -47,34 +46,27 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpunode.api.readiness import CTR_READY, DRIVER_READY
 from gpunode.common.logging import Logger, get_logger
-from gpunode.driver_loader import devnodes, kmod
+from gpunode.driver_loader import devnodes, kmod, observe
 from gpunode.driver_loader.config import LoaderConfig
 from gpunode.driver_loader.modules import (
     InitPlan,
     Observed,
     PlanInputs,
     firmware_disabled,
-    modules_to_load,
-    parse_driver_version,
     plan_init,
     render_modprobe_conf,
     sysfs_name,
     wants_coherent_param,
 )
 from gpunode.driver_loader.ops import DriverInUse, DriverUser
-from gpunode.driver_loader.readiness import Files, InstanceLock, LoaderBusy, StatusBook, iso
+from gpunode.driver_loader.readiness import Files, InstanceLock, LoaderBusy, StatusBook
+from gpunode.driver_loader.steps import LoaderError, StepOutcome, skip_rest, step
 
-if TYPE_CHECKING:
-    from gpunode.common.http import HealthServer
-    from gpunode.common.metrics import AgentMetrics
+__all__ = ["INIT_STEPS", "UNLOAD_STEPS", "DriverLoader"]
 
-__all__ = ["INIT_STEPS", "UNLOAD_STEPS", "DriverLoader", "LoaderError"]
-
-AGENT = "driver-loader"
 INIT_STEPS = (
     "host-driver",
     "nouveau",
@@ -88,28 +80,9 @@ INIT_STEPS = (
     "readiness",
 )
 UNLOAD_STEPS = ("check-processes", "persistenced", "check-modules", "readiness", "remove-modules")
-SMI_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin", "opt/bin", "usr/lib/wsl/lib")
-MODULE_SUBDIRS = ("kernel/drivers/video", "updates/dkms", "extra", "updates")
-KO_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
 PERSISTENCED_NAME = "nvidia-persistenced"[:15]  # /proc/<pid>/comm keeps 15 characters
 BUILD_TIMEOUT = 1800.0
 NOUVEAU_BLACKLIST = "blacklist nouveau\noptions nouveau modeset=0\n"
-
-
-class LoaderError(Exception):
-    """A step failed; the message says what, with the tool's own words, and what to do."""
-
-
-# ------------------------------------------------------------------------------------ loader
-
-
-class _Outcome:
-    def __init__(self) -> None:
-        self.detail = ""
-        self.skipped = False
-
-    def skip(self, detail: str) -> None:
-        self.skipped, self.detail = True, detail
 
 
 class DriverLoader:
@@ -133,16 +106,13 @@ class DriverLoader:
         self._lock_depth = 0
         self.book: StatusBook | None = None
         self.host_driver_version: str | None = None
-        self.ready = False
+        self.ready = False  # the driver is loaded and checked (init done, last health check passed)
         self.health_detail = "not initialised"
-        self.metrics: AgentMetrics | None = None
-        self.persistenced_restarts = 0
-        self._last_health: tuple[bool, str] = (True, "")
 
     # ------------------------------------------------------------------ DriverOps
 
     async def host_driver(self) -> str | None:
-        return self._find_host_driver()
+        return observe.find_host_driver(self.paths, self.files)
 
     async def loaded(self) -> bool:
         return "nvidia" in kmod.loaded_modules(self.paths)
@@ -151,7 +121,7 @@ class DriverLoader:
         return await self.loaded() and self.files.recorded_digest() == self.cfg.digest
 
     async def users(self) -> list[DriverUser]:
-        pid = self._persistenced_pid()
+        pid = self.persistenced_pid()
         users = kmod.process_users(self.paths, exclude=[pid] if pid else [])
         modules = kmod.module_users(self.paths)
         if pid is not None:  # persistenced's own open files count on nvidia until unload stops it
@@ -162,7 +132,7 @@ class DriverLoader:
         await self.init()
 
     async def unload(self) -> None:
-        async with self._locked():
+        async with self.locked():
             self.book = StatusBook.create(self.files.status, "unload", UNLOAD_STEPS, self.clock)
             try:
                 await self._unload(record=True)
@@ -177,80 +147,8 @@ class DriverLoader:
 
     # ------------------------------------------------------------------ observe and plan
 
-    def _find_host_driver(self) -> str | None:
-        """A driver loaded by someone else, with ``nvidia-smi`` on the host: its version, or None."""
-        if self.files.recorded_digest() is not None:
-            return None  # we loaded it
-        version_file = self.paths.proc_driver_nvidia / "version"
-        if not (self.paths.sys_module("nvidia").exists() or version_file.exists()):
-            return None
-        if not any((self.paths.root / sub / "nvidia-smi").is_file() for sub in SMI_DIRS):
-            return None
-        for source in (version_file, self.paths.sys_module("nvidia") / "version"):
-            with contextlib.suppress(OSError):
-                text = source.read_text()
-                version = parse_driver_version(text) if source == version_file else text.strip()
-                if version:
-                    return version
-        return "unknown"
-
-    def _modules_dir(self) -> Path | None:
-        for sub in MODULE_SUBDIRS:
-            directory = self.cfg.modules_tree / sub
-            if any((directory / f"nvidia{suffix}").exists() for suffix in KO_SUFFIXES):
-                return directory
-        return None
-
-    def _headers(self) -> Path | None:
-        kernel = self.cfg.kernel
-        for base in dict.fromkeys((self.paths.root, self.paths.driver_dir)):
-            for rel in (
-                f"lib/modules/{kernel}/build",
-                f"usr/src/linux-headers-{kernel}",
-                f"usr/src/kernels/{kernel}",
-            ):
-                path = base / rel
-                if path.is_symlink():
-                    target = os.readlink(path)
-                    path = base / target.lstrip("/") if target.startswith("/") else path.parent / target
-                if path.is_dir():
-                    return path
-        return None
-
-    def _os_id(self) -> str | None:
-        with contextlib.suppress(OSError):
-            for line in (self.paths.etc / "os-release").read_text().splitlines():
-                if line.startswith("ID="):
-                    return line[3:].strip().strip('"')
-        return None
-
-    def _nouveau(self) -> str:
-        module = self.paths.sys_module("nouveau")
-        if (module / "refcnt").exists():
-            return "module"
-        return "builtin" if module.is_dir() else "absent"
-
     def observe(self) -> Observed:
-        host = self._find_host_driver()
-        if host is not None:
-            return Observed(kernel=self.cfg.kernel, host_driver=host)
-        loaded = kmod.loaded_modules(self.paths)
-        recorded = self.files.recorded_digest()
-        fast = "nvidia" in loaded and recorded == self.cfg.digest and not self.cfg.force_reinstall
-        modules_dir = None if fast else self._modules_dir()
-        headers = None if fast or modules_dir is not None else self._headers()
-        return Observed(
-            kernel=self.cfg.kernel,
-            nouveau=self._nouveau(),  # type: ignore[arg-type]
-            loaded=loaded,
-            recorded_digest=recorded,
-            modules_dir=str(modules_dir) if modules_dir else None,
-            headers=str(headers) if headers else None,
-            installer=None if fast else self.ops.which("nvidia-installer"),
-            dkms=None if fast else self.ops.which("dkms"),
-            persistenced=self.ops.which("nvidia-persistenced"),
-            os_id=None if fast else self._os_id(),
-        )
+        return observe.observe(self.cfg, self.files, self.ops)
 
     def plan(self, observed: Observed | None = None) -> InitPlan:
         inputs = PlanInputs(
@@ -266,7 +164,8 @@ class DriverLoader:
     # ------------------------------------------------------------------ steps
 
     @contextlib.asynccontextmanager
-    async def _locked(self) -> AsyncIterator[None]:
+    async def locked(self) -> AsyncIterator[None]:
+        """Hold the single-instance lock (re-entrant within this loader); :class:`LoaderError` if taken."""
         if self._lock_depth == 0:
             try:
                 self.lock.acquire()
@@ -280,51 +179,14 @@ class DriverLoader:
             if self._lock_depth == 0:
                 self.lock.release()
 
-    @contextlib.asynccontextmanager
-    async def _step(self, name: str, *, record: bool = True) -> AsyncIterator[_Outcome]:
-        book = self.book if record else None
-        progress = f"{book.index(name) + 1}/{len(book.steps)}" if book else "-"
-        if book:
-            book.set(name, "running")
-        self.log.info("step_started", step=name, progress=progress)
-        outcome = _Outcome()
-        started = time.monotonic()
-        try:
-            yield outcome
-        except (LoaderError, DriverInUse) as exc:
-            self._failed(book, name, progress, str(exc))
-            raise
-        except (devnodes.NodeError, OSError) as exc:
-            message = str(exc) if isinstance(exc, devnodes.NodeError) else f"{type(exc).__name__}: {exc}"
-            self._failed(book, name, progress, message)
-            raise LoaderError(message) from exc
-        if book:
-            book.set(name, "skipped" if outcome.skipped else "done", outcome.detail)
-        self.log.info(
-            "step_skipped" if outcome.skipped else "step_done",
-            step=name,
-            progress=progress,
-            detail=outcome.detail,
-            duration_ms=round((time.monotonic() - started) * 1000, 1),
-        )
-
-    def _failed(self, book: StatusBook | None, name: str, progress: str, message: str) -> None:
-        if book:
-            book.set(name, "failed", message)
-        self.log.error("step_failed", step=name, progress=progress, error=message)
-
-    def _skip_rest(self, after: str, detail: str) -> None:
-        assert self.book is not None
-        for step in self.book.steps[self.book.index(after) + 1 :]:
-            if step.state == "pending":
-                step.state, step.detail = "skipped", detail
-        self.book.save()
+    def _step(self, name: str, *, record: bool = True) -> contextlib.AbstractAsyncContextManager[StepOutcome]:
+        return step(self.book if record else None, self.log, name)
 
     # ------------------------------------------------------------------ init
 
     async def init(self) -> InitPlan:
         """Run every step; :class:`LoaderError`/:class:`DriverInUse` on failure (recorded in status)."""
-        async with self._locked():
+        async with self.locked():
             self.ready = False
             self.book = StatusBook.create(self.files.status, "init", INIT_STEPS, self.clock)
             self.book.info.update(kernel=self.cfg.kernel, driverVersion=self.cfg.driver_version)
@@ -357,7 +219,7 @@ class DriverLoader:
         plan = self.plan(observed)
         self.book.info.update(digest=plan.digest)
         if plan.host_driver is not None:
-            self._skip_rest("host-driver", f"host driver {plan.host_driver} in use")
+            skip_rest(self.book, "host-driver", f"host driver {plan.host_driver} in use")
             self.book.step("readiness").state = "pending"
             async with self._step("readiness") as out:
                 self.files.write_readiness(rdma=cfg.rdma, host_driver=True, driver_root="/")
@@ -394,12 +256,12 @@ class DriverLoader:
         async with self._step("load-modules") as out:
             changed = await self._load_step(plan, out)
         async with self._step("device-nodes") as out:
-            changed |= bool(await self._nodes_step(out, udev=True))
+            changed |= bool(await self.ensure_nodes(out, udev=True))
         async with self._step("persistenced") as out:
             if plan.persistenced is None:
                 out.skip("nvidia-persistenced not found")
             else:
-                out.detail = await self._ensure_persistenced(plan.persistenced)
+                out.detail = await self.ensure_persistenced(plan.persistenced)
                 changed |= out.detail.startswith("started")
             self.files.daemons_status(True)
         async with self._step("readiness") as out:
@@ -410,7 +272,7 @@ class DriverLoader:
             out.detail = f"{checked}wrote {CTR_READY} (GPU_DIRECT_RDMA_ENABLED: {rdma}), {DRIVER_READY}"
         return plan
 
-    async def _nouveau_step(self, plan: InitPlan, out: _Outcome) -> None:
+    async def _nouveau_step(self, plan: InitPlan, out: StepOutcome) -> None:
         if plan.nouveau == "none":
             out.skip("nouveau is not loaded")
             return
@@ -444,7 +306,7 @@ class DriverLoader:
             f"RHEL/Fedora/SUSE); 3) reboot the node"
         )
 
-    async def _source_step(self, plan: InitPlan, out: _Outcome) -> None:
+    async def _source_step(self, plan: InitPlan, out: StepOutcome) -> None:
         assert self.book is not None
         if plan.fast_path:
             out.skip("fast path: modules kept")
@@ -461,7 +323,7 @@ class DriverLoader:
                 raise LoaderError(
                     f"building the modules for kernel {self.cfg.kernel} failed: {result.describe()}"
                 )
-            if self._modules_dir() is None:
+            if observe.modules_dir(self.cfg) is None:
                 raise LoaderError(
                     f"{source.kind} reported success but left no nvidia.ko for kernel {self.cfg.kernel} "
                     f"under {self.cfg.modules_tree}"
@@ -485,7 +347,7 @@ class DriverLoader:
             raise LoaderError(f"indexing the modules failed: {result.describe()}")
         return "indexed with depmod"
 
-    def _params_step(self, plan: InitPlan, out: _Outcome) -> None:
+    def _params_step(self, plan: InitPlan, out: StepOutcome) -> None:
         if plan.fast_path:
             out.skip("fast path: parameters unchanged (part of the digest)")
             return
@@ -527,14 +389,14 @@ class DriverLoader:
             argv += ["-S", self.cfg.kernel]
         return [*argv, module]
 
-    async def _load_step(self, plan: InitPlan, out: _Outcome) -> bool:
+    async def _load_step(self, plan: InitPlan, out: StepOutcome) -> bool:
         if plan.load:
             self.files.record_digest(plan.digest)  # before loading: a rerun after a crash keeps them
-        loaded = await self._load_missing(plan.load)
+        loaded = await self.load_missing(plan.load)
         out.detail = ("loaded " + ", ".join(loaded)) if loaded else "all modules already loaded"
         return bool(loaded)
 
-    async def _load_missing(self, modules: Sequence[str]) -> list[str]:
+    async def load_missing(self, modules: Sequence[str]) -> list[str]:
         done: list[str] = []
         if modules and self.cfg.driver_root != "/":
             await self._prerequisites()
@@ -557,7 +419,7 @@ class DriverLoader:
         if not result.ok:
             self.log.warning("prerequisite_modules_failed", error=result.describe())
 
-    async def _nodes_step(self, out: _Outcome, *, udev: bool) -> list[devnodes.DeviceNode]:
+    async def ensure_nodes(self, out: StepOutcome, *, udev: bool) -> list[devnodes.DeviceNode]:
         loaded = kmod.loaded_modules(self.paths)
         nodes = devnodes.plan_nodes(self.paths, loaded)
         created, by_udev = await devnodes.ensure_nodes(
@@ -595,22 +457,22 @@ class DriverLoader:
             raise LoaderError(f"the driver is loaded but not usable: {result.describe()}")
         return "nvidia-smi ok; "
 
-    def _persistenced_pid(self) -> int | None:
+    def persistenced_pid(self) -> int | None:
         pid = self.files.persistenced_pid_value()
         if pid is None or not self.ops.pid_alive(pid):
             return None
         name = self.ops.process_name(pid)
         return pid if name is None or name.startswith(PERSISTENCED_NAME) else None
 
-    async def _ensure_persistenced(self, path: str) -> str:
-        pid = self._persistenced_pid()
+    async def ensure_persistenced(self, path: str) -> str:
+        pid = self.persistenced_pid()
         if pid is not None:
             return f"running (pid {pid})"
         result = await self.ops.start_daemon([path, "--persistence-mode"])
         if not result.ok:
             raise LoaderError(f"starting nvidia-persistenced failed: {result.describe()}")
         deadline = time.monotonic() + 5.0
-        while (pid := self._persistenced_pid()) is None:
+        while (pid := self.persistenced_pid()) is None:
             if time.monotonic() > deadline:
                 raise LoaderError(
                     f"nvidia-persistenced started but no live process is in {self.files.persistenced_pid} "
@@ -622,7 +484,7 @@ class DriverLoader:
 
     async def _stop_persistenced(self) -> int | None:
         """SIGTERM and wait up to ``persistenced_stop_timeout``; the pid it had, None if not running."""
-        pid = self._persistenced_pid()
+        pid = self.persistenced_pid()
         if pid is None:
             return None
         self.ops.kill(pid, signal.SIGTERM)
@@ -641,7 +503,7 @@ class DriverLoader:
 
     async def _unload(self, *, record: bool) -> None:
         async with self._step("check-processes", record=record) as out:
-            pid = self._persistenced_pid()
+            pid = self.persistenced_pid()
             procs = kmod.process_users(self.paths, exclude=[pid] if pid else [])
             if procs:
                 raise DriverInUse(procs)
@@ -658,7 +520,7 @@ class DriverLoader:
             if users:
                 if stopped is not None and (tool := self.ops.which("nvidia-persistenced")):
                     with contextlib.suppress(LoaderError):
-                        await self._ensure_persistenced(tool)  # refused: leave things as they were
+                        await self.ensure_persistenced(tool)  # refused: leave things as they were
                 raise DriverInUse(users)
             out.detail = "no module references beyond the NVIDIA modules' own"
         async with self._step("readiness", record=record) as out:
@@ -673,120 +535,6 @@ class DriverLoader:
                 self.log.info("module_removed", module=module)
             self.files.forget_digest()
             out.detail = ("removed " + ", ".join(present)) if present else "no NVIDIA module loaded"
-
-    # ------------------------------------------------------------------ daemon
-
-    async def health_check(self) -> bool:
-        """Reconcile what drifted (missing modules, nodes, persistenced) and report; readiness follows."""
-        problems: list[str] = []
-        if self.host_driver_version is not None:
-            if not await self.loaded():
-                problems.append("the host driver's nvidia module is no longer loaded")
-        else:
-            wanted = modules_to_load(self.cfg.rdma)
-            missing = [m for m in wanted if sysfs_name(m) not in kmod.loaded_modules(self.paths)]
-            try:
-                if missing:
-                    self.log.warning("modules_missing", modules=missing)
-                    await self._load_missing(missing)
-                await self._nodes_step(_Outcome(), udev=False)
-                tool = self.ops.which("nvidia-persistenced")
-                if tool is not None and self._persistenced_pid() is None:
-                    self.log.warning("persistenced_not_running", restarting=True)
-                    await self._ensure_persistenced(tool)
-                    self.persistenced_restarts += 1
-                    if self.metrics is not None:
-                        self.metrics.count_error("persistenced_restart")
-            except (LoaderError, devnodes.NodeError, OSError) as exc:
-                problems.append(str(exc))
-        healthy = not problems
-        detail = "; ".join(problems)
-        if (healthy, detail) != self._last_health:
-            if healthy:
-                self.log.info("driver_healthy")
-            else:
-                self.log.error("driver_unhealthy", detail=detail)
-            self._last_health = (healthy, detail)
-        if healthy:
-            self.files.write_readiness(
-                rdma=self.cfg.rdma,
-                host_driver=self.host_driver_version is not None,
-                driver_root=self.cfg.driver_root,
-            )
-            self.files.daemons_status(True)
-        else:
-            self.files.remove_readiness()
-        self.ready, self.health_detail = healthy, detail
-        if self.book is not None:
-            self.book.health = {
-                "state": "healthy" if healthy else "unhealthy",
-                "detail": detail,
-                "checkedAt": iso(self.clock()),
-                "persistencedRestarts": self.persistenced_restarts,
-            }
-            self.book.save()
-        if self.metrics is not None and healthy:
-            self.metrics.mark_success("health")
-        return healthy
-
-    async def serve(self, *, http_port: int | None = None, http_host: str | None = None) -> int:
-        """``init``, then keep the driver healthy until cancelled (SIGTERM); the exit code.
-
-        ``http_host`` defaults to the agents' rule (127.0.0.1 under systemd, all addresses in pods).
-        """
-        async with self._locked():
-            http = self._http(http_host, http_port)
-            try:
-                if http is None:
-                    return await self._daemon()
-                async with http:  # /healthz, /readyz, /metrics on their own thread, heartbeat task
-                    return await self._daemon()
-            finally:
-                self._stopped()
-
-    async def _daemon(self) -> int:
-        try:
-            await self.init()
-        except (LoaderError, DriverInUse):
-            return 1
-        assert self.book is not None
-        self.book.finish("serving")
-        from gpunode.common.runtime import trim_memory
-
-        trim_memory()
-        self.log.info("serving", health_interval_s=self.cfg.health_interval)
-        while True:
-            await asyncio.sleep(self.cfg.health_interval)
-            await self.health_check()
-
-    def _stopped(self) -> None:
-        """On SIGTERM: what NVIDIA's preStop removes; modules, nodes and persistenced stay."""
-        if self.book is not None and self.book.phase == "serving":
-            for name in (".driver-ctr-ready", ".driver-daemons-status"):
-                with contextlib.suppress(OSError):
-                    (self.files.validations / name).unlink()
-            self.book.finish("stopped")
-
-    def _http(self, host: str | None, port: int | None) -> HealthServer | None:
-        if port is None:
-            return None
-        from prometheus_client import Gauge
-
-        from gpunode.common.http import HealthServer
-        from gpunode.common.httpcore import default_listen_host
-        from gpunode.common.metrics import create_metrics
-
-        host = host or default_listen_host(os.environ)
-        self.metrics = create_metrics(AGENT)
-        ready = Gauge(
-            "gpunode_driver_ready",
-            "1 while the driver is loaded, healthy and the readiness files are written.",
-            registry=self.metrics.registry,
-        )
-        ready.set_function(lambda: 1.0 if self.ready else 0.0)
-        http = HealthServer(self.metrics.registry, host=host, port=port)
-        http.add_check("driver", lambda: (self.ready, self.health_detail or "ready"))
-        return http
 
     def _tool(self, name: str) -> str:
         found = self.ops.which(name)

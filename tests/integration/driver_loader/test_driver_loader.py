@@ -29,9 +29,11 @@ import pytest
 from gpunode.common.settings import resolve
 from gpunode.driver_loader.cli import main
 from gpunode.driver_loader.config import init_config
-from gpunode.driver_loader.loader import DriverLoader, LoaderError
+from gpunode.driver_loader.daemon import HealthDaemon
+from gpunode.driver_loader.loader import DriverLoader
 from gpunode.driver_loader.ops import DriverInUse, DriverOps
 from gpunode.driver_loader.settings import InitSettings
+from gpunode.driver_loader.steps import LoaderError
 from gpunode.sim.host import KERNEL, FakeHost
 from helpers.fakehost import host_ops
 from helpers.waiting import wait_until
@@ -149,7 +151,7 @@ async def test_mig_capability_nodes(host: FakeHost) -> None:
     host.add_precompiled()
     loader = await init(host)
     minors = host.add_mig_caps(1, [(3, 0)])
-    await loader.health_check()
+    await HealthDaemon(loader).health_check()
     caps = {Path(p).name: (major, minor, mode) for p, mode, major, minor in host.mknods if "cap" in p}
     for minor in minors:
         assert caps[f"nvidia-cap{minor}"] == (235, minor, 0o444)
@@ -438,14 +440,15 @@ async def test_driver_ops_protocol(host: FakeHost) -> None:
 async def test_daemon_keeps_the_driver_healthy(host: FakeHost) -> None:
     host.add_precompiled()
     loader = make_loader(host, health_interval=0.05)
-    task = asyncio.create_task(loader.serve())
+    daemon = HealthDaemon(loader)
+    task = asyncio.create_task(daemon.serve())
     try:
         await _until(lambda: loader.ready and status(host)["phase"] == "serving")
         first = host.persistenced_pid()
         assert first is not None
         os.kill(first, signal.SIGKILL)
         await _until(lambda: host.persistenced_pid() not in (None, first))
-        await _until(lambda: loader.persistenced_restarts == 1)
+        await _until(lambda: daemon.persistenced_restarts == 1)
         (host.root / "dev/nvidia-uvm").unlink()
         await _until(lambda: (host.root / "dev/nvidia-uvm").exists())
         host.fail("modprobe", "modprobe: FATAL: nope", match="nvidia-modeset")
