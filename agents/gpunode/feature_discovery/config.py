@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpunode.api.plugin_types import MigStrategy, TimeSlicing
 
@@ -45,7 +45,7 @@ class ConfigReader:
     """
 
     parser: SettingsParser[FdSettings]
-    args: Mapping[str, Any]
+    args: Mapping[str, object]
     environ: Mapping[str, str]
     file: str | None
 

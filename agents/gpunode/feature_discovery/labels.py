@@ -56,7 +56,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpunode.api.plugin_types import TimeSlicing
+from gpunode.api.plugin_types import MigStrategy, TimeSlicing
 from gpunode.nvml.api import GpuInfo, MigDevice, SystemInfo
 
 __all__ = [
@@ -423,7 +423,7 @@ def _clique(gpus: Sequence[GpuInfo], cliques: Mapping[int, str | None], warnings
 
 
 def compute_labels(
-    facts: NodeFacts, *, mig_strategy: str, sharing: TimeSlicing | None, timestamp: int | None
+    facts: NodeFacts, *, mig_strategy: MigStrategy, sharing: TimeSlicing | None, timestamp: int | None
 ) -> LabelResult:
     """The GFD label set for ``facts`` (see the module docstring for every rule).
 

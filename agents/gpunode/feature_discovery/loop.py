@@ -25,8 +25,8 @@ from gpunode.feature_discovery.config import LabelingConfig
 from gpunode.feature_discovery.labeler import Labeler, LabelerOptions
 from gpunode.feature_discovery.output import NodeFeatureOutput
 from gpunode.kube.labelconfig import InForce, LabelConfig, LabelConfigOptions, NoUsableConfig
-from gpunode.nvml import errors
-from gpunode.nvml.api import EVENT_MIG_CONFIG, EVENT_XID, EventKind, Nvml
+from gpunode.nvml import Nvml, errors
+from gpunode.nvml.api import EVENT_MIG_CONFIG, EVENT_XID, EventKind
 
 if TYPE_CHECKING:
     from gpunode.feature_discovery.settings import LabelsOnExit
