@@ -45,240 +45,51 @@ How it differs from NVIDIA's, and why:
 Pods with emptyDir volumes (``PodInfo.empty_dirs``) are evicted only with ``DRAIN_DELETE_EMPTYDIR_DATA``,
 as kubectl drain does: their data goes with them.
 
-The settings are :class:`~gpunode.driver_loader.settings.UpgradeSettings`. The Kubernetes client is
-imported only when an upgrade runs: the settings cost the driver loader nothing.
+The pure parts (operands, the node record, options, outcomes) are in
+:mod:`~gpunode.driver_loader.upgrade_state`, the eviction loop in :mod:`~gpunode.driver_loader.eviction`,
+the settings in :mod:`~gpunode.driver_loader.settings`. The Kubernetes client is imported only when an
+upgrade runs: the settings cost the driver loader nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from gpunode.common.errors import UsageError
 from gpunode.common.logging import get_logger
+from gpunode.driver_loader.eviction import Evictor, PodsInTheWay
 from gpunode.driver_loader.ops import DriverInUse, DriverOps
-from gpunode.driver_loader.settings import (
-    DEFAULT_DRAIN_TIMEOUT,
-    DEFAULT_OPERAND_TIMEOUT,
-    UpgradeSettings,
-    pod_selector,
+from gpunode.driver_loader.settings import UpgradeSettings, pod_selector
+from gpunode.driver_loader.upgrade_state import (
+    DRIVER_DEPLOY_LABEL,
+    OWNER,
+    PAUSE_REASON,
+    PRE_INSTALLED,
+    RECORD_ANNOTATION,
+    UPGRADE_CONTROLLER_ANNOTATION,
+    Result,
+    UpgradeFailed,
+    UpgradeOptions,
+    UpgradeOutcome,
+    UpgradeRecord,
+    driver_operands,
+    in_use_advice,
 )
-from gpunode.kube.api import KubeConflict, KubeError, KubeForbidden, KubeUnavailable, PodInfo
-from gpunode.kube.drain import PodDecision, decide_pod, is_gpu_pod, plan_drain
-from gpunode.kube.operands import (
-    DEPLOY_PREFIX,
-    LabelOperand,
-    Operand,
-    OperandPauser,
-    OperandsBusy,
-    OperandsNotStopped,
-)
+from gpunode.kube.api import KubeConflict, KubeError, KubeUnavailable
+from gpunode.kube.drain import is_gpu_pod, plan_drain
+from gpunode.kube.operands import OperandPauser, OperandsBusy, OperandsNotStopped
 
 if TYPE_CHECKING:
     from gpunode.kube.client import Kube
 
-__all__ = [
-    "DRIVER_OPERANDS",
-    "DRIVER_OPERAND_PODS",
-    "OWNER",
-    "PAUSE_REASON",
-    "PRE_INSTALLED",
-    "RECORD_ANNOTATION",
-    "DriverUpgrade",
-    "Outcome",
-    "UpgradeFailed",
-    "UpgradeOptions",
-    "UpgradeRecord",
-    "driver_operands",
-    "run_upgrade",
-]
+__all__ = ["DriverUpgrade", "run_upgrade"]
 
 PROG = "gpunode-driver-loader"
-OWNER = "gpunode-driver-manager"  # owner of the operand pause record; field manager of our writes
-PAUSE_REASON = "driver-upgrade"  # labels read paused-for-driver-upgrade, as NVIDIA's
-RECORD_ANNOTATION = "nvidia.com/gpunode.driver-upgrade"
-DRIVER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.driver"
-PRE_INSTALLED = "pre-installed"
-UPGRADE_CONTROLLER_ANNOTATION = "nvidia.com/gpu-driver-upgrade-enabled"
-UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
-
-_OURS = "app.kubernetes.io/name"
-# The operands NVIDIA's driver manager pauses (reference 1.9), with the pod labels of NVIDIA's DaemonSets
-# and of ours. Operands without known pod labels are still waited for: any pod whose nodeSelector names
-# the paused label counts.
-DRIVER_OPERAND_PODS: tuple[tuple[str, tuple[Mapping[str, str], ...]], ...] = (
-    ("operator-validator", ({"app": "nvidia-operator-validator"}, {_OURS: "gpunode-validator"})),
-    ("container-toolkit", ({"app": "nvidia-container-toolkit-daemonset"}, {_OURS: "gpunode-toolkit"})),
-    ("device-plugin", ({"app": "nvidia-device-plugin-daemonset"}, {_OURS: "gpunode-device-plugin"})),
-    ("gpu-feature-discovery", ({"app": "gpu-feature-discovery"}, {_OURS: "gpunode-feature-discovery"})),
-    ("dcgm-exporter", ({"app": "nvidia-dcgm-exporter"}, {_OURS: "gpunode-exporter"})),
-    ("dcgm", ({"app": "nvidia-dcgm"},)),
-    ("mig-manager", ({"app": "nvidia-mig-manager"}, {_OURS: "gpunode-mig-manager"})),
-    ("nvsm", ()),
-    ("sandbox-validator", ({"app": "nvidia-sandbox-validator"},)),
-    ("sandbox-device-plugin", ({"app": "nvidia-sandbox-device-plugin-daemonset"},)),
-    ("vgpu-device-manager", ({"app": "nvidia-vgpu-device-manager"},)),
-    ("client", ()),
-    ("dra-driver", ()),
-    ("dra-validator", ()),
-    ("dcgm-dra", ()),
-    ("dcgm-exporter-dra", ()),
-)
-
-
-# ============================================================================================ operands
-def driver_operands(extra_label: str = "") -> tuple[Operand, ...]:
-    """The operands paused for a driver upgrade, plus ``extra_label`` (``NODE_LABEL_FOR_GPU_POD_EVICTION``:
-    any node label key, paused and restored like a deploy label)."""
-    operands: list[Operand] = [Operand(name, tuple(pods)) for name, pods in DRIVER_OPERAND_PODS]
-    if extra_label and extra_label not in {o.label for o in operands}:
-        if extra_label.startswith(DEPLOY_PREFIX):
-            operands.append(Operand(extra_label[len(DEPLOY_PREFIX) :]))
-        else:
-            operands.append(LabelOperand(name=extra_label, key=extra_label))
-    return tuple(operands)
-
-
-DRIVER_OPERANDS = driver_operands()
-
-
-# ============================================================================================ pure parts
-@dataclass(frozen=True)
-class UpgradeRecord:
-    """The node annotation ``nvidia.com/gpunode.driver-upgrade``: an upgrade in progress."""
-
-    cordoned: bool  # we cordoned the node (or are about to): uncordon it when finishing
-    started: str
-    step: str
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"cordoned": self.cordoned, "started": self.started, "step": self.step}, separators=(",", ":")
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> UpgradeRecord | None:
-        try:
-            data = json.loads(text)
-            if not isinstance(data, dict) or not isinstance(data.get("cordoned"), bool):
-                return None
-            return cls(data["cordoned"], str(data.get("started", "")), str(data.get("step", "")))
-        except ValueError:
-            return None
-
-
-# ============================================================================================ options
-@dataclass(frozen=True)
-class UpgradeOptions:
-    gpu_pod_eviction: bool = True  # ENABLE_GPU_POD_EVICTION
-    auto_drain: bool = False  # ENABLE_AUTO_DRAIN
-    drain_use_force: bool = False  # DRAIN_USE_FORCE
-    drain_pod_selector: str = ""  # DRAIN_POD_SELECTOR_LABEL
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # DRAIN_TIMEOUT_SECONDS; 0: no limit
-    drain_delete_emptydir_data: bool = False  # DRAIN_DELETE_EMPTYDIR_DATA
-    operator_namespace: str = "gpu-operator"  # OPERATOR_NAMESPACE
-    eviction_label: str = ""  # NODE_LABEL_FOR_GPU_POD_EVICTION
-    force_reinstall: bool = False  # FORCE_REINSTALL
-    operand_timeout: float = DEFAULT_OPERAND_TIMEOUT  # GPUNODE_OPERAND_TIMEOUT
-    poll: float = 1.0  # seconds between looks at the pods being waited for
-    evict_retry: float = 5.0  # seconds between evictions a disruption budget refused (as kubectl)
-    api_wait: float = 300.0  # how long the first contact waits for an unreachable API server
-    progress_interval: float = 10.0  # seconds between progress events while nothing changes
-
-    @classmethod
-    def from_settings(cls, settings: UpgradeSettings) -> UpgradeOptions:
-        """From ``upgrade``'s settings (already parsed and checked by their flags); :class:`UsageError`
-        for a timeout out of range."""
-        try:
-            options = cls(
-                gpu_pod_eviction=settings.enable_gpu_pod_eviction,
-                auto_drain=settings.enable_auto_drain,
-                drain_use_force=settings.drain_use_force,
-                drain_pod_selector=settings.drain_pod_selector_label or "",
-                drain_timeout=_seconds(settings.drain_timeout_seconds),
-                drain_delete_emptydir_data=settings.drain_delete_emptydir_data,
-                operator_namespace=settings.operator_namespace or "gpu-operator",
-                eviction_label=settings.node_label_for_gpu_pod_eviction or "",
-                force_reinstall=settings.force_reinstall,
-                operand_timeout=_seconds(settings.operand_timeout),
-            )
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        if options.operand_timeout <= 0:
-            raise UsageError("--operand-timeout (GPUNODE_OPERAND_TIMEOUT) must be more than 0 seconds")
-        return options
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "gpu_pod_eviction": self.gpu_pod_eviction,
-            "auto_drain": self.auto_drain,
-            "drain_use_force": self.drain_use_force,
-            "drain_pod_selector": self.drain_pod_selector,
-            "drain_timeout_s": self.drain_timeout or None,
-            "drain_delete_emptydir_data": self.drain_delete_emptydir_data,
-            "eviction_label": self.eviction_label or None,
-            "force_reinstall": self.force_reinstall,
-            "operand_timeout_s": self.operand_timeout,
-        }
-
-
-def _seconds(value: float) -> float:
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"invalid duration {value!r}: must be 0 or more seconds")
-    return value
-
-
-# ============================================================================================ the flow
-class UpgradeFailed(Exception):
-    """The upgrade cannot go on; the message says why and what would let it."""
-
-    def __init__(self, message: str, step: str = "") -> None:
-        super().__init__(message)
-        self.step = step
-
-
-class _PodsInTheWay(Exception):
-    def __init__(
-        self, blocked: Sequence[PodDecision] = (), left: Sequence[str] = (), waited: float = 0.0
-    ) -> None:
-        self.blocked = tuple(blocked)
-        self.left = tuple(left)
-        self.waited = waited
-        if self.blocked:
-            text = "; ".join(str(d) for d in self.blocked)
-            message = f"{len(self.blocked)} pod(s) may not be evicted: {text}"
-        else:
-            message = (
-                f"{len(self.left)} pod(s) still on the node after {waited:.0f} s: {', '.join(self.left)}"
-            )
-        super().__init__(message)
-
-
-Result = Literal["pre-installed", "loaded", "kept", "upgraded", "failed"]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a run ended: ``pre-installed`` (host driver, labelled), ``loaded`` (none was loaded),
-    ``kept`` (the loaded driver matches), ``upgraded`` (unloaded and loaded again) or ``failed``."""
-
-    result: Result
-    reason: str = ""
-    step: str = ""
-    seconds: float = 0.0
-    evicted: tuple[str, ...] = ()
-    recovered: bool = False  # a previous run's leftovers were cleaned up first
-
-    @property
-    def ok(self) -> bool:
-        return self.result != "failed"
 
 
 class DriverUpgrade:
@@ -304,13 +115,13 @@ class DriverUpgrade:
         self.sleep = sleep
         self.log = get_logger("gpunode.driver_loader.upgrade")
         self.step = ""
-        self.evicted: list[str] = []
+        self.evictor = Evictor(kube, self.options, report=self._step, log=self.log, clock=clock, sleep=sleep)
         self._cordoned = False  # we cordoned the node: uncordon it at the end
         self._started = ""
         self._controller_owned = False
 
     # -- the run ---------------------------------------------------------------------------------------
-    async def run(self) -> Outcome:
+    async def run(self) -> UpgradeOutcome:
         """Recover, decide, act; never raises but for cancellation (after cleaning up)."""
         began = self.clock()
         self._started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -492,9 +303,9 @@ class DriverUpgrade:
         await self._write_record("evict-gpu-pods")
         self._step("evict-gpu-pods", "evicting the pods that use GPUs")
         try:
-            await self._drain("evict-gpu-pods", "GPU", is_gpu_pod)
+            await self.evictor.drain("evict-gpu-pods", "GPU", is_gpu_pod)
             return
-        except _PodsInTheWay as exc:
+        except PodsInTheWay as exc:
             if exc.blocked:
                 hint = (
                     "; the node drain (ENABLE_AUTO_DRAIN) follows the same rules, so it was not tried"
@@ -528,94 +339,9 @@ class DriverUpgrade:
         await self._write_record("drain-node")
         self._step("drain-node", "draining the node", selector=self.selector.text or None)
         try:
-            await self._drain("drain-node", "node", lambda pod: self.selector.matches(pod.labels))
-        except _PodsInTheWay as exc:
+            await self.evictor.drain("drain-node", "node", lambda pod: self.selector.matches(pod.labels))
+        except PodsInTheWay as exc:
             raise UpgradeFailed(f"cannot drain the node: {exc}", step="drain-node") from None
-
-    async def _drain(self, step: str, what: str, select: Callable[[PodInfo], bool]) -> None:
-        """Evict the selected pods and wait until they are gone; :class:`_PodsInTheWay` when some may
-        not be evicted (nothing evicted then) or outlive the drain timeout."""
-        pods = await self.kube.list_pods()
-        plan = plan_drain(
-            pods,
-            select=select,
-            force=self.options.drain_use_force,
-            delete_emptydir_data=self.options.drain_delete_emptydir_data,
-        )
-        if plan.ignored and what == "GPU":
-            self.log.warning(
-                "driver_upgrade_pods_not_evicted",
-                pods=[str(d) for d in plan.ignored],
-                hint="if they hold the GPUs the unload fails; NODE_LABEL_FOR_GPU_POD_EVICTION can pause "
-                "the label their DaemonSet selects",
-            )
-        if plan.blocked:
-            raise _PodsInTheWay(blocked=plan.blocked)
-        targets = {p.uid: p for p in plan.targets}
-        if not targets:
-            self._step(step, f"no {what} pods to evict")
-            return
-        timeout = self.options.drain_timeout
-        started = self.clock()
-        deadline = started + timeout if timeout > 0 else math.inf
-        pending = {p.uid: p for p in plan.evict}  # eviction not accepted yet
-        refused: dict[str, str] = {}
-        next_try = started
-        last_seen: tuple[str, ...] = ()
-        last_log = started
-        while True:
-            if pending and self.clock() >= next_try:
-                for uid, pod in list(pending.items()):
-                    try:
-                        accepted = await self.kube.evict_pod(pod.namespace, pod.name)
-                    except KubeForbidden as exc:
-                        raise UpgradeFailed(f"cannot evict {pod.key}: {exc}", step=step) from None
-                    except KubeUnavailable as exc:
-                        refused[uid] = f"API server unavailable: {exc.message}"
-                        continue
-                    except KubeError as exc:
-                        if exc.status != 429:
-                            raise UpgradeFailed(f"evicting {pod.key} failed: {exc}", step=step) from None
-                        refused[uid] = "eviction refused by a PodDisruptionBudget, retrying"
-                        continue
-                    del pending[uid]
-                    refused.pop(uid, None)
-                    if accepted:
-                        self.evicted.append(pod.key)
-                        self.log.info("driver_upgrade_pod_evicted", pod=pod.key, uid=pod.uid)
-                next_try = self.clock() + self.options.evict_retry
-            present = {p.uid: p for p in await self.kube.list_pods()}
-            left = {uid: pod for uid, pod in targets.items() if uid in present}
-            pending = {uid: pod for uid, pod in pending.items() if uid in present}
-            now = self.clock()
-            waited = now - started
-            if not left:
-                self._step(
-                    step,
-                    f"{len(targets)} {what} pod(s) gone",
-                    pods=sorted(p.key for p in targets.values()),
-                    waited_s=round(waited, 2),
-                )
-                return
-            names = tuple(sorted(pod.key for pod in left.values()))
-            if names != last_seen or now - last_log >= self.options.progress_interval:
-                self.log.info(
-                    "driver_upgrade_evicting",
-                    what=what,
-                    pods_left=len(names),
-                    pods=list(names[:20]),
-                    refused={targets[u].key: why for u, why in refused.items() if u in left},
-                    waited_s=round(waited, 1),
-                    timeout_s=timeout or None,
-                )
-                last_seen, last_log = names, now
-            if now >= deadline:
-                described = [
-                    f"{pod.key} ({refused.get(uid) or ('not evicted' if uid in pending else 'terminating')})"
-                    for uid, pod in sorted(left.items(), key=lambda item: item[1].key)
-                ]
-                raise _PodsInTheWay(left=described, waited=waited)
-            await self.sleep(max(0.0, min(self.options.poll, deadline - now)))
 
     # -- the driver ------------------------------------------------------------------------------------
     async def _unload(self, auto_drain: bool) -> None:
@@ -641,56 +367,38 @@ class DriverUpgrade:
 
     async def _in_use(self, exc: DriverInUse) -> str:
         """The in-use error, with the GPU pods still here and what would let the upgrade through."""
-        parts = [str(exc)]
         try:
-            pods = [p for p in await self.kube.list_pods() if is_gpu_pod(p)]
+            pods = await self.kube.list_pods()
         except Exception:
             pods = []
-        if pods:
-            force, emptydir = self.options.drain_use_force, self.options.drain_delete_emptydir_data
-            parts.append(
-                "GPU pods on this node: "
-                + ", ".join(str(decide_pod(p, force=force, delete_emptydir_data=emptydir)) for p in pods)
-            )
-        if self._controller_owned:
-            parts.append(
-                "the GPU Operator's upgrade controller owns eviction here: let it drain the node (label "
-                f"it {UPGRADE_STATE_LABEL}=upgrade-required), stop the GPU workloads, or disable the "
-                "upgrade policy"
-            )
-        elif not self.options.auto_drain:
-            first = (
-                "" if self.options.gpu_pod_eviction else "ENABLE_GPU_POD_EVICTION=true evicts the GPU pods, "
-            )
-            parts.append(f"stop the GPU workloads; {first}ENABLE_AUTO_DRAIN=true drains the node")
-        return "; ".join(parts)
+        return in_use_advice(str(exc), pods, self.options, controller_owned=self._controller_owned)
 
     # -- reporting -------------------------------------------------------------------------------------
     def _step(self, step: str, detail: str, **fields: Any) -> None:
         self.step = step
         self.log.info("driver_upgrade_step", step=step, detail=detail, **fields)
 
-    def _finished(self, result: Result, began: float, recovered: bool) -> Outcome:
+    def _finished(self, result: Result, began: float, recovered: bool) -> UpgradeOutcome:
         seconds = self.clock() - began
         self.log.info(
             "driver_upgrade_finished",
             result=result,
             seconds=round(seconds, 2),
-            evicted=list(self.evicted),
+            evicted=list(self.evictor.evicted),
             recovered=recovered,
         )
-        return Outcome(result, "", self.step, seconds, tuple(self.evicted), recovered)
+        return UpgradeOutcome(result, "", self.step, seconds, tuple(self.evictor.evicted), recovered)
 
-    def _failed(self, reason: str, step: str, began: float, recovered: bool) -> Outcome:
+    def _failed(self, reason: str, step: str, began: float, recovered: bool) -> UpgradeOutcome:
         seconds = self.clock() - began
         self.log.error(
             "driver_upgrade_failed",
             reason=reason,
             step=step,
             seconds=round(seconds, 2),
-            evicted=list(self.evicted),
+            evicted=list(self.evictor.evicted),
         )
-        return Outcome("failed", reason, step, seconds, tuple(self.evicted), recovered)
+        return UpgradeOutcome("failed", reason, step, seconds, tuple(self.evictor.evicted), recovered)
 
 
 async def _run_to_end(cleanup: Coroutine[Any, Any, None]) -> None:

@@ -25,14 +25,13 @@ import pytest
 from gpunode.common.settings import SettingsParser
 from gpunode.driver_loader.ops import DriverInUse, DriverUser
 from gpunode.driver_loader.settings import UpgradeSettings
-from gpunode.driver_loader.upgrade import (
+from gpunode.driver_loader.upgrade import DriverUpgrade, run_upgrade
+from gpunode.driver_loader.upgrade_state import (
     OWNER,
     PAUSE_REASON,
     RECORD_ANNOTATION,
-    DriverUpgrade,
-    Outcome,
     UpgradeOptions,
-    run_upgrade,
+    UpgradeOutcome,
 )
 from gpunode.kube.client import Kube, load_kubeconfig
 from gpunode.kube.operands import RECORD_ANNOTATION as PAUSE_ANNOTATION
@@ -208,7 +207,7 @@ def kube(tmp_path: Path) -> Kube:
     return Kube(NODE, load_kubeconfig(str(tmp_path / "kubeconfig")), backoff=(0.01, 0.05))
 
 
-async def upgrade(tmp_path: Path, ops: FakeOps, **options: Any) -> Outcome:
+async def upgrade(tmp_path: Path, ops: FakeOps, **options: Any) -> UpgradeOutcome:
     k = kube(tmp_path)
     try:
         return await DriverUpgrade(k, ops, UpgradeOptions(**{**FAST, **options})).run()
@@ -583,7 +582,8 @@ CRASHER = textwrap.dedent(
     """
     import asyncio, sys
     from gpunode.kube.client import Kube, load_kubeconfig
-    from gpunode.driver_loader.upgrade import DriverUpgrade, UpgradeOptions
+    from gpunode.driver_loader.upgrade import DriverUpgrade
+    from gpunode.driver_loader.upgrade_state import UpgradeOptions
 
     class Ops:
         async def host_driver(self): return None
@@ -677,10 +677,10 @@ async def test_run_upgrade_exit_codes(
 async def test_the_flags_do_not_load_the_kubernetes_client() -> None:
     # The driver loader adds these flags on every start; lightkube costs about 0.3 s and 30 MB.
     code = (
-        "import sys; from gpunode.driver_loader import cli, settings, upgrade; "
+        "import sys; from gpunode.driver_loader import cli, settings, upgrade, upgrade_state; "
         "from gpunode.common.settings import SettingsParser; "
         "SettingsParser(settings.UpgradeSettings, prog='x'); "
-        "print('lightkube' in sys.modules, len(upgrade.DRIVER_OPERANDS))"
+        "print('lightkube' in sys.modules, len(upgrade_state.DRIVER_OPERANDS))"
     )
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)
     out, _ = await asyncio.wait_for(proc.communicate(), 60)

@@ -11,7 +11,7 @@ from gpunode.common.cli import parse_duration
 from gpunode.common.errors import UsageError
 from gpunode.common.settings import SettingsParser, flags_of, resolve
 from gpunode.driver_loader.settings import UpgradeSettings
-from gpunode.driver_loader.upgrade import (
+from gpunode.driver_loader.upgrade_state import (
     DRIVER_OPERAND_PODS,
     UpgradeOptions,
     UpgradeRecord,
