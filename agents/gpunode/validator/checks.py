@@ -51,8 +51,8 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPONENTS",
     "CdiSpec",
+    "CheckOutcome",
     "DeviceRef",
-    "Outcome",
     "RuntimeConfigs",
     "ValidatorOptions",
     "cdi_missing",
@@ -74,7 +74,8 @@ TOOLKIT_CHECKS = ("cdi", "runtime")
 DEFAULT_CDI_KIND = "nvidia.com/gpu"
 DEFAULT_RUNTIME_NAME = "nvidia"
 
-OutcomeStatus = Literal["passed", "failed", "skipped"]
+CheckStatus = Literal["passed", "failed", "skipped"]
+Doc = Mapping[str, Any]  # a parsed JSON, YAML or TOML document (CDI specs, runtime configs)
 
 
 def status_file(component: str) -> str:
@@ -83,20 +84,20 @@ def status_file(component: str) -> str:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    status: OutcomeStatus
+class CheckOutcome:
+    status: CheckStatus
     detail: str
 
     @classmethod
-    def passed(cls, detail: str) -> Outcome:
+    def passed(cls, detail: str) -> CheckOutcome:
         return cls("passed", detail)
 
     @classmethod
-    def failed(cls, detail: str) -> Outcome:
+    def failed(cls, detail: str) -> CheckOutcome:
         return cls("failed", detail)
 
     @classmethod
-    def skipped(cls, detail: str) -> Outcome:
+    def skipped(cls, detail: str) -> CheckOutcome:
         return cls("skipped", detail)
 
 
@@ -147,7 +148,7 @@ class CdiSpec:
     error: str = ""  # unreadable or not a CDI spec
 
 
-def _mount_versions(doc: Mapping[str, Any]) -> set[str]:
+def _mount_versions(doc: Doc) -> set[str]:
     versions: set[str] = set()
     edits = [doc.get("containerEdits")] + [
         d.get("containerEdits") for d in doc.get("devices") or [] if isinstance(d, dict)
@@ -251,7 +252,7 @@ CRIO_DROP_INS = "/etc/crio/crio.conf.d"
 DOCKER_CONFIG = "/etc/docker/daemon.json"
 
 
-def _toml(path: Path, out: RuntimeConfigs) -> dict[str, Any] | None:
+def _toml(path: Path, out: RuntimeConfigs) -> Doc | None:
     try:
         with path.open("rb") as fh:
             doc = tomllib.load(fh)
@@ -264,7 +265,7 @@ def _toml(path: Path, out: RuntimeConfigs) -> dict[str, Any] | None:
     return doc
 
 
-def _containerd_runtimes(doc: Mapping[str, Any]) -> list[str]:
+def _containerd_runtimes(doc: Doc) -> list[str]:
     """Runtime names under any CRI plugin: ``cri`` (v1), ``io.containerd.grpc.v1.cri`` (v2) or
     ``io.containerd.cri.v1.runtime`` (v3)."""
     names: list[str] = []
@@ -280,7 +281,7 @@ def _containerd_runtimes(doc: Mapping[str, Any]) -> list[str]:
     return names
 
 
-def _imports(paths: HostPaths, config: Path, doc: Mapping[str, Any]) -> list[Path]:
+def _imports(paths: HostPaths, config: Path, doc: Doc) -> list[Path]:
     found: list[Path] = []
     imports = doc.get("imports")
     if not isinstance(imports, list):
@@ -420,7 +421,7 @@ def _cuda_library(paths: HostPaths) -> ctypes.CDLL | None:
     return None
 
 
-def cuda_round_trip(paths: HostPaths, size: int = 1 << 20) -> Outcome:
+def cuda_round_trip(paths: HostPaths, size: int = 1 << 20) -> CheckOutcome:
     """cuInit, then on every CUDA device: context, cuMemAlloc, host->device->host copy, compare, free.
 
     ``skipped`` when libcuda cannot be loaded (no CUDA driver here); ``failed`` with CUDA's error name
@@ -428,7 +429,7 @@ def cuda_round_trip(paths: HostPaths, size: int = 1 << 20) -> Outcome:
     """
     lib = _cuda_library(paths)
     if lib is None:
-        return Outcome.skipped("libcuda.so.1 is not loadable here (no CUDA driver)")
+        return CheckOutcome.skipped("libcuda.so.1 is not loadable here (no CUDA driver)")
     c_dev = ctypes.c_uint64
     lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(c_dev), ctypes.c_size_t]
     lib.cuMemcpyHtoD_v2.argtypes = [c_dev, ctypes.c_void_p, ctypes.c_size_t]
@@ -450,7 +451,7 @@ def cuda_round_trip(paths: HostPaths, size: int = 1 << 20) -> Outcome:
         count = ctypes.c_int()
         check("cuDeviceGetCount", lib.cuDeviceGetCount(ctypes.byref(count)))
         if count.value == 0:
-            return Outcome.failed("CUDA sees no device although NVML reports GPUs")
+            return CheckOutcome.failed("CUDA sees no device although NVML reports GPUs")
         pattern = bytes(range(256)) * (size // 256)
         for ordinal in range(count.value):
             dev = ctypes.c_int()
@@ -466,17 +467,17 @@ def cuda_round_trip(paths: HostPaths, size: int = 1 << 20) -> Outcome:
                     check("cuMemcpyHtoD", lib.cuMemcpyHtoD_v2(ptr, src, len(pattern)))
                     check("cuMemcpyDtoH", lib.cuMemcpyDtoH_v2(dst, ptr, len(pattern)))
                     if dst.raw != pattern:
-                        return Outcome.failed(f"CUDA device {ordinal}: data read back differs")
+                        return CheckOutcome.failed(f"CUDA device {ordinal}: data read back differs")
                 finally:
                     lib.cuMemFree_v2(ptr)
             finally:
                 lib.cuCtxDestroy_v2(ctx)
     except CudaError as exc:
-        return Outcome.failed(str(exc))
+        return CheckOutcome.failed(str(exc))
     except AttributeError as exc:
-        return Outcome.failed(f"libcuda lacks a driver API function: {exc}")
+        return CheckOutcome.failed(f"libcuda lacks a driver API function: {exc}")
     plural = "s" if count.value != 1 else ""
-    return Outcome.passed(f"{len(pattern) >> 10} KiB round trip on {count.value} CUDA device{plural}")
+    return CheckOutcome.passed(f"{len(pattern) >> 10} KiB round trip on {count.value} CUDA device{plural}")
 
 
 # ------------------------------------------------------------------------------------------ components
@@ -500,7 +501,7 @@ class ValidatorOptions:
     marker_nodes: bool = False  # accept the fake host's marker files as device nodes (tests)
 
 
-async def run_component(component: str, opts: ValidatorOptions, open_nvml: NvmlOpener) -> Outcome:
+async def run_component(component: str, opts: ValidatorOptions, open_nvml: NvmlOpener) -> CheckOutcome:
     """Remove the component's status file, check, and write the file again only if the check passed."""
     target = opts.validations_dir / status_file(component)
     with contextlib.suppress(FileNotFoundError):
@@ -528,24 +529,24 @@ async def _with_nvml(open_nvml: NvmlOpener) -> tuple[Nvml | None, str]:
         return None, f"NVML did not load: {exc}"
 
 
-async def _driver(opts: ValidatorOptions, open_nvml: NvmlOpener) -> Outcome:
+async def _driver(opts: ValidatorOptions, open_nvml: NvmlOpener) -> CheckOutcome:
     from gpunode.nvml import errors
 
     nvml, why = await _with_nvml(open_nvml)
     if nvml is None:
-        return Outcome.failed(why)
+        return CheckOutcome.failed(why)
     try:
         system = await nvml.system()
         gpus = await nvml.gpus()
         if not gpus:
-            return Outcome.failed(f"driver {system.driver_version} loaded but NVML finds no GPU")
+            return CheckOutcome.failed(f"driver {system.driver_version} loaded but NVML finds no GPU")
         lost = await nvml.lost_gpus()
         if lost:
-            return Outcome.failed(f"GPU {', '.join(map(str, lost))} does not answer (lost)")
+            return CheckOutcome.failed(f"GPU {', '.join(map(str, lost))} does not answer (lost)")
         for gpu in gpus:
             await nvml.telemetry(gpu.index)
     except errors.NvmlError as exc:
-        return Outcome.failed(f"NVML query failed: {exc}")
+        return CheckOutcome.failed(f"NVML query failed: {exc}")
     finally:
         await nvml.close()
     if not opts.simulated:
@@ -559,56 +560,58 @@ async def _driver(opts: ValidatorOptions, open_nvml: NvmlOpener) -> Outcome:
             if problem:
                 bad.append(f"/dev/{node.name} {problem}")
         if bad:
-            return Outcome.failed("device nodes: " + "; ".join(bad))
+            return CheckOutcome.failed("device nodes: " + "; ".join(bad))
     where = " (simulated)" if opts.simulated else ""
-    return Outcome.passed(f"driver {system.driver_version}, {len(gpus)} GPUs answer{where}")
+    return CheckOutcome.passed(f"driver {system.driver_version}, {len(gpus)} GPUs answer{where}")
 
 
-def _cdi_outcome(opts: ValidatorOptions, devices: Sequence[DeviceRef]) -> Outcome:
+def _cdi_outcome(opts: ValidatorOptions, devices: Sequence[DeviceRef]) -> CheckOutcome:
     specs = load_cdi_specs(opts.paths)
     broken = [s.error for s in specs if s.error]
     ours = [s for s in specs if s.kind == opts.cdi_kind]
     if not ours:
         where = " or ".join(str(d) for d in opts.paths.cdi_dirs)
         extra = f" ({'; '.join(broken)})" if broken else ""
-        return Outcome.failed(f"no CDI spec of kind {opts.cdi_kind} in {where}{extra}")
+        return CheckOutcome.failed(f"no CDI spec of kind {opts.cdi_kind} in {where}{extra}")
     missing = cdi_missing(ours, devices, opts.cdi_kind)
     if missing:
-        return Outcome.failed(
+        return CheckOutcome.failed(
             "the CDI spec lacks " + ", ".join(d.label for d in missing) + f" ({ours[0].path})"
         )
-    return Outcome.passed(
+    return CheckOutcome.passed(
         f"CDI spec lists all {len(devices)} devices ({', '.join(str(s.path) for s in ours)})"
     )
 
 
-def _runtime_outcome(opts: ValidatorOptions) -> Outcome:
+def _runtime_outcome(opts: ValidatorOptions) -> CheckOutcome:
     configs = read_runtime_configs(opts.paths)
     engines = configs.has(opts.runtime_name)
     if engines:
-        return Outcome.passed(f"runtime handler {opts.runtime_name!r} configured for {', '.join(engines)}")
+        return CheckOutcome.passed(
+            f"runtime handler {opts.runtime_name!r} configured for {', '.join(engines)}"
+        )
     if not configs.files:
         extra = f" ({'; '.join(configs.errors)})" if configs.errors else ""
-        return Outcome.failed(f"no container runtime configuration found{extra}")
-    return Outcome.failed(
+        return CheckOutcome.failed(f"no container runtime configuration found{extra}")
+    return CheckOutcome.failed(
         f"no runtime handler {opts.runtime_name!r} in "
         + ", ".join(str(f) for f in configs.files)
         + (f" ({'; '.join(configs.errors)})" if configs.errors else "")
     )
 
 
-async def _toolkit(opts: ValidatorOptions, open_nvml: NvmlOpener) -> Outcome:
-    results: list[Outcome] = []
+async def _toolkit(opts: ValidatorOptions, open_nvml: NvmlOpener) -> CheckOutcome:
+    results: list[CheckOutcome] = []
     if "cdi" in opts.toolkit_checks:
         nvml, why = await _with_nvml(open_nvml)
         if nvml is None:
-            return Outcome.failed(why)
+            return CheckOutcome.failed(why)
         from gpunode.nvml import errors
 
         try:
             devices = await nvml_devices(nvml)
         except errors.NvmlError as exc:
-            return Outcome.failed(f"NVML query failed: {exc}")
+            return CheckOutcome.failed(f"NVML query failed: {exc}")
         finally:
             await nvml.close()
         results.append(_cdi_outcome(opts, devices))
@@ -616,19 +619,19 @@ async def _toolkit(opts: ValidatorOptions, open_nvml: NvmlOpener) -> Outcome:
         results.append(_runtime_outcome(opts))
     failed = [r.detail for r in results if r.status == "failed"]
     if failed:
-        return Outcome.failed("; ".join(failed))
-    return Outcome.passed("; ".join(r.detail for r in results))
+        return CheckOutcome.failed("; ".join(failed))
+    return CheckOutcome.passed("; ".join(r.detail for r in results))
 
 
-async def _plugin(opts: ValidatorOptions, open_nvml: NvmlOpener) -> Outcome:
+async def _plugin(opts: ValidatorOptions, open_nvml: NvmlOpener) -> CheckOutcome:
     directory = opts.paths.device_plugin_dir
     sockets = plugin_sockets(opts.paths)
     if not sockets:
-        return Outcome.failed(f"no device plugin socket (nvidia-*.sock) in {directory}")
+        return CheckOutcome.failed(f"no device plugin socket (nvidia-*.sock) in {directory}")
     accepting = await asyncio.to_thread(lambda: [s for s in sockets if socket_accepts(s)])
     stale = [s.name for s in sockets if s not in accepting]
     if stale:
-        return Outcome.failed(f"device plugin socket(s) not accepting connections: {', '.join(stale)}")
+        return CheckOutcome.failed(f"device plugin socket(s) not accepting connections: {', '.join(stale)}")
     detail = f"device plugin serving on {', '.join(s.name for s in sockets)}"
     if opts.plugin_http_port is not None:
         status, body = await asyncio.to_thread(
@@ -637,32 +640,32 @@ async def _plugin(opts: ValidatorOptions, open_nvml: NvmlOpener) -> Outcome:
         if status == 0:
             detail += f"; /readyz on port {opts.plugin_http_port} not reachable ({body}), not checked"
         elif status != 200:
-            return Outcome.failed(f"device plugin /readyz answers {status}: {body.strip()[:200]}")
+            return CheckOutcome.failed(f"device plugin /readyz answers {status}: {body.strip()[:200]}")
         else:
             detail += "; /readyz ok"
-    return Outcome.passed(detail)
+    return CheckOutcome.passed(detail)
 
 
-async def _cuda(opts: ValidatorOptions, open_nvml: NvmlOpener) -> Outcome:
+async def _cuda(opts: ValidatorOptions, open_nvml: NvmlOpener) -> CheckOutcome:
     if not opts.with_workload:
-        return Outcome.skipped("workload disabled (--with-workload=false)")
+        return CheckOutcome.skipped("workload disabled (--with-workload=false)")
     if opts.simulated:
-        return Outcome.skipped("simulated node: no CUDA workload can run")
+        return CheckOutcome.skipped("simulated node: no CUDA workload can run")
     nvml, why = await _with_nvml(open_nvml)
     if nvml is None:
-        return Outcome.skipped(f"no GPU here ({why})")
+        return CheckOutcome.skipped(f"no GPU here ({why})")
     try:
         gpus = await nvml.gpus()
     finally:
         await nvml.close()
     if not gpus:
-        return Outcome.skipped("NVML reports no GPU")
+        return CheckOutcome.skipped("NVML reports no GPU")
     try:
         return await asyncio.wait_for(
             asyncio.to_thread(cuda_round_trip, opts.paths), timeout=opts.cuda_timeout
         )
     except TimeoutError:
-        return Outcome.failed(f"the CUDA round trip did not finish in {opts.cuda_timeout:g} s")
+        return CheckOutcome.failed(f"the CUDA round trip did not finish in {opts.cuda_timeout:g} s")
 
 
 # ------------------------------------------------------------------------------------------ --wait-for

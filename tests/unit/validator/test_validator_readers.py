@@ -151,13 +151,14 @@ def test_runtime_config_syntax_error(tmp_path: Path) -> None:
     ],
 )
 def test_wait_names(given: list[str], names: list[str]) -> None:
-    assert cli.wait_names(given, {}) == names
+    assert cli.wait_names(given) == names
 
 
 def test_wait_names_from_env_and_bad_names() -> None:
-    assert cli.wait_names([], {"WAIT_FOR": "driver, toolkit"}) == ["driver-ready", "toolkit-ready"]
+    from_env = cli.SPEC.parser().parse([], {"WAIT_FOR": "driver, toolkit"}).settings.wait_for
+    assert cli.wait_names(from_env) == ["driver-ready", "toolkit-ready"]
     with pytest.raises(UsageError):
-        cli.wait_names(["../etc/passwd"], {})
+        cli.wait_names(["../etc/passwd"])
 
 
 def test_device_node_problem(tmp_path: Path) -> None:
