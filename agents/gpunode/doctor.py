@@ -22,18 +22,27 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from gpunode.common.cli import FlagSet, add_common_flags
 from gpunode.common.cli import parse_interval as _interval
 from gpunode.common.errors import ConfigError
 from gpunode.common.hostpaths import HostPaths
+from gpunode.common.settings import CommonSettings, SettingsParser, group, setting
 from gpunode.validator import checks
 
 if TYPE_CHECKING:
     from gpunode.nvml.api import GpuInfo, Nvml
 
-__all__ = ["Check", "DoctorOptions", "diagnose", "main", "render_json", "render_table"]
+__all__ = [
+    "Check",
+    "DoctorOptions",
+    "DoctorSettings",
+    "diagnose",
+    "main",
+    "options",
+    "render_json",
+    "render_table",
+]
 
 Status = Literal["ok", "warn", "fail", "skip"]
 CHECK_NAMES = (
@@ -616,43 +625,70 @@ def render_json(results: Sequence[Check]) -> str:
     )
 
 
-def flag_set() -> FlagSet:
-    f = FlagSet(prog="gpunode doctor", description=__doc__)
-    add_common_flags(f, config_file=False)
-    f.add("--json", type=bool, default=False, help="print JSON instead of the table")
-    f.add("--host-root", env=("GPUNODE_HOST_ROOT", "HOST_ROOT"), help="where the host's / is (default /)")
-    f.add("--kubelet-dir", env="KUBELET_DIR", default="/var/lib/kubelet", help="the kubelet's directory")
-    f.add("--kubeconfig", env="KUBECONFIG", help="read the node's nvidia.com/mig.config label")
-    f.add("--mig-config", env="MIG_CONFIG", metavar="NAME", help="the MIG layout this node should have")
-    f.add("--mig-config-file", env="MIG_PARTED_CONFIG_FILE", metavar="FILE", help="mig-parted v1 file")
-    f.add("--exporter-port", env="DCGM_EXPORTER_PORT", type=int, default=9400, help="-1: not checked")
-    f.add("--gfd-output-file", env="GFD_OUTPUT_FILE", default=GFD_OUTPUT, help="the GFD label file")
-    f.add("--gfd-sleep-interval", env="GFD_SLEEP_INTERVAL", type=str, default="60s", help="GFD's interval")
-    f.add("--xid-window", type=float, default=2.0, metavar="SECONDS", help="how long to watch for XIDs")
-    f.add("--nvidia-runtime-name", env="NVIDIA_RUNTIME_NAME", default=checks.DEFAULT_RUNTIME_NAME)
-    f.add("--cdi-kind", env="GPUNODE_CDI_KIND", default=checks.DEFAULT_CDI_KIND, help="kind of the CDI spec")
-    return f
+@dataclass(frozen=True)
+class DoctorSettings:
+    """`gpunode doctor`'s flags."""
+
+    common: CommonSettings = group(CommonSettings)
+    json: bool = setting("--json", type=bool, default=False, help="print JSON instead of the table")
+    host_root: str | None = setting(
+        "--host-root", env=("GPUNODE_HOST_ROOT", "HOST_ROOT"), help="where the host's / is (default /)"
+    )
+    kubelet_dir: str = setting(
+        "--kubelet-dir", env="KUBELET_DIR", default="/var/lib/kubelet", help="the kubelet's directory"
+    )
+    kubeconfig: str | None = setting(
+        "--kubeconfig", env="KUBECONFIG", help="read the node's nvidia.com/mig.config label"
+    )
+    mig_config: str | None = setting(
+        "--mig-config", env="MIG_CONFIG", metavar="NAME", help="the MIG layout this node should have"
+    )
+    mig_config_file: str | None = setting(
+        "--mig-config-file", env="MIG_PARTED_CONFIG_FILE", metavar="FILE", help="mig-parted v1 file"
+    )
+    exporter_port: int = setting(
+        "--exporter-port", env="DCGM_EXPORTER_PORT", type=int, default=9400, help="-1: not checked"
+    )
+    gfd_output_file: str = setting(
+        "--gfd-output-file", env="GFD_OUTPUT_FILE", default=GFD_OUTPUT, help="the GFD label file"
+    )
+    gfd_sleep_interval: str = setting(
+        "--gfd-sleep-interval", env="GFD_SLEEP_INTERVAL", default="60s", help="GFD's interval"
+    )
+    xid_window: float = setting(
+        "--xid-window", type=float, default=2.0, metavar="SECONDS", help="how long to watch for XIDs"
+    )
+    nvidia_runtime_name: str = setting(
+        "--nvidia-runtime-name", env="NVIDIA_RUNTIME_NAME", default=checks.DEFAULT_RUNTIME_NAME
+    )
+    cdi_kind: str = setting(
+        "--cdi-kind", env="GPUNODE_CDI_KIND", default=checks.DEFAULT_CDI_KIND, help="kind of the CDI spec"
+    )
 
 
-def options(values: Mapping[str, Any]) -> DoctorOptions:
-    """DoctorOptions from parsed flag values (a ValueError names the bad one)."""
-    host = values.get("host_root")
+def parser() -> SettingsParser[DoctorSettings]:
+    return SettingsParser(DoctorSettings, prog="gpunode doctor", description=__doc__)
+
+
+def options(s: DoctorSettings) -> DoctorOptions:
+    """DoctorOptions from the settings (a ValueError names the bad one)."""
+    common = s.common
     try:
-        sleep = _interval(values["gfd_sleep_interval"])
+        sleep = _interval(s.gfd_sleep_interval)
     except ValueError as exc:
-        raise ValueError(f"--gfd-sleep-interval {values['gfd_sleep_interval']!r}: {exc}") from None
+        raise ValueError(f"--gfd-sleep-interval {s.gfd_sleep_interval!r}: {exc}") from None
     return DoctorOptions(
-        paths=HostPaths(host or "/", values["driver_root"], values["kubelet_dir"]),
-        simulated=values.get("simulate") is not None or values.get("sim_state") is not None,
-        host_given=host is not None and Path(host) != Path("/"),
-        mig_config=values.get("mig_config"),
-        mig_config_file=values.get("mig_config_file"),
-        exporter_port=None if values["exporter_port"] < 0 else values["exporter_port"],
-        gfd_output_file=values["gfd_output_file"],
+        paths=HostPaths(s.host_root or "/", common.driver_root, s.kubelet_dir),
+        simulated=common.simulate is not None or common.sim_state is not None,
+        host_given=s.host_root is not None and Path(s.host_root) != Path("/"),
+        mig_config=s.mig_config,
+        mig_config_file=s.mig_config_file,
+        exporter_port=None if s.exporter_port < 0 else s.exporter_port,
+        gfd_output_file=s.gfd_output_file,
         gfd_sleep_interval=sleep,
-        xid_window=values["xid_window"],
-        runtime_name=values["nvidia_runtime_name"],
-        cdi_kind=values["cdi_kind"],
+        xid_window=s.xid_window,
+        runtime_name=s.nvidia_runtime_name,
+        cdi_kind=s.cdi_kind,
     )
 
 
@@ -661,28 +697,29 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from gpunode.common.runtime import run
 
     env = os.environ if environ is None else environ
-    settings = flag_set().parse(argv, env)
-    v = settings.values
+    parsed = parser().parse(argv, env)
+    s, common = parsed.settings, parsed.settings.common
     try:
-        opts = options(v)
+        opts = options(s)
     except ValueError as exc:
         print(f"gpunode doctor: error: {exc}", file=sys.stderr)
         return 2
-    level = v["log_level"] if settings.sources.get("log_level") != "default" else "warning"
-    configure_logging(v["log_format"], level, agent="gpunode-doctor", node=v["node_name"])
+    level = common.log_level if parsed.sources.get("log_level") != "default" else "warning"
+    configure_logging(common.log_format, level, agent="gpunode-doctor", node=common.node_name)
 
     async def open_nvml() -> Nvml:
         from gpunode.agent.nvml import open_nvml as opener
 
-        return await opener(opts.paths.driver_dir, v["simulate"], v["sim_state"])
+        return await opener(opts.paths.driver_dir, common.simulate, common.sim_state)
 
     node_labels: NodeLabels | None = None
-    if v["kubeconfig"] and v["node_name"]:
+    if s.kubeconfig and common.node_name:
+        kubeconfig, node_name = s.kubeconfig, common.node_name
 
         async def labels() -> Mapping[str, str]:
             from gpunode.kube.client import Kube
 
-            kube = Kube.connect(v["node_name"], v["kubeconfig"], timeout=5.0, attempts=1)
+            kube = Kube.connect(node_name, kubeconfig, timeout=5.0, attempts=1)
             try:
                 return (await kube.get_node()).labels
             finally:
@@ -692,7 +729,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     async def doctor() -> int:
         results = await diagnose(opts, open_nvml, node_labels)
-        print(render_json(results) if v["json"] else render_table(results), flush=True)
+        print(render_json(results) if s.json else render_table(results), flush=True)
         return 1 if any(c.status == "fail" for c in results) else 0
 
     return run(doctor())
