@@ -14,7 +14,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpunode.common.logging import Logger
 from gpunode.driver_loader.upgrade_state import UpgradeFailed, UpgradeOptions
@@ -30,7 +30,7 @@ __all__ = ["Evictor", "PodsInTheWay", "StepReporter"]
 class StepReporter(Protocol):
     """Where the evictor reports a step it finished (the driver manager's ``driver_upgrade_step``)."""
 
-    def __call__(self, step: str, detail: str, **fields: Any) -> None: ...
+    def __call__(self, step: str, detail: str, **fields: object) -> None: ...
 
 
 class PodsInTheWay(Exception):

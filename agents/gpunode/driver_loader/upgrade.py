@@ -281,7 +281,7 @@ class DriverUpgrade:
             "remove-record", lambda: self.kube.patch_node(annotations={RECORD_ANNOTATION: None})
         )
 
-    async def _retrying(self, what: str, fn: Callable[[], Awaitable[Any]], attempts: int = 6) -> bool:
+    async def _retrying(self, what: str, fn: Callable[[], Awaitable[object]], attempts: int = 6) -> bool:
         for attempt in range(1, attempts + 1):
             try:
                 await fn()
@@ -374,7 +374,7 @@ class DriverUpgrade:
         return in_use_advice(str(exc), pods, self.options, controller_owned=self._controller_owned)
 
     # -- reporting -------------------------------------------------------------------------------------
-    def _step(self, step: str, detail: str, **fields: Any) -> None:
+    def _step(self, step: str, detail: str, **fields: object) -> None:
         self.step = step
         self.log.info("driver_upgrade_step", step=step, detail=detail, **fields)
 

@@ -10,7 +10,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gpunode.common.errors import UsageError
 from gpunode.driver_loader.settings import DEFAULT_DRAIN_TIMEOUT, DEFAULT_OPERAND_TIMEOUT, UpgradeSettings
@@ -148,7 +148,7 @@ class UpgradeOptions:
             raise UsageError("--operand-timeout (GPUNODE_OPERAND_TIMEOUT) must be more than 0 seconds")
         return options
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         return {
             "gpu_pod_eviction": self.gpu_pod_eviction,
             "auto_drain": self.auto_drain,
