@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpunode.agent.main import AgentContext, AgentSpec, Started
 from gpunode.common.cli import parse_interval
-from gpunode.common.hostpaths import HostPaths
 from gpunode.common.httpcore import default_listen_host
-from gpunode.feature_discovery.config import ConfigReader, LabelingConfig, sharing_of
-from gpunode.feature_discovery.labeler import LabelerOptions
+from gpunode.feature_discovery.config import ConfigReader, LabelingConfig, plugin_config_model, sharing_of
 from gpunode.feature_discovery.loop import FdOptions, FeatureDiscovery
 from gpunode.feature_discovery.output import NodeFeatureOutput
 from gpunode.feature_discovery.settings import FdSettings, config_directory
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from gpunode.kube.client import Kube
 
 __all__ = ["SPEC", "main"]
@@ -26,7 +21,7 @@ __all__ = ["SPEC", "main"]
 def start(ctx: AgentContext[FdSettings]) -> Started:
     s = ctx.settings
     interval = parse_interval(s.sleep_interval)
-    sharing = sharing_of(ctx.parsed.config)
+    config = LabelingConfig(s.mig_strategy, sharing_of(ctx.parsed.config))
     directory = config_directory(s)
     kube = connect_kube(s) if s.use_node_feature_api or directory else None
     node_feature = (
@@ -34,20 +29,10 @@ def start(ctx: AgentContext[FdSettings]) -> Started:
         if kube is not None and s.use_node_feature_api
         else None
     )
-    machine = s.machine_type_file
-    labeling = LabelerOptions(
-        s.output_file, Path(machine) if machine else None, HostPaths(root=s.host_root), s.oneshot, interval
-    )
-    opts = FdOptions(
-        labeling,
-        LabelingConfig(s.mig_strategy, sharing),
-        ConfigReader(ctx.parser, ctx.parsed.args, ctx.environ, None if directory else s.common.config_file),
-        s.label_config.options(directory) if directory else None,
-        no_timestamp=s.no_timestamp,
-        fail_on_init_error=s.fail_on_init_error,
-        on_exit=s.labels_on_exit,
-        http_host=default_listen_host(ctx.environ),
-        http_port=None if s.http_port < 0 or s.oneshot else s.http_port,
+    read = ConfigReader(ctx.parser, ctx.parsed.args, ctx.environ, None if directory else s.common.config_file)
+    http_host = default_listen_host(ctx.environ)
+    opts = FdOptions.from_settings(
+        s, config, read, interval=interval, directory=directory, http_host=http_host
     )
     return Started(FeatureDiscovery(opts, ctx.open_nvml, node_feature=node_feature, kube=kube).run())
 
@@ -57,19 +42,14 @@ def connect_kube(s: FdSettings) -> Kube:
     Kubernetes client is imported only here. Exit 2 without a node name or credentials."""
     from gpunode.kube.client import Kube
 
+    k = s.kube
     return Kube.connect(
         s.common.node_name,
-        s.kube.kubeconfig,
-        namespace=s.kube.namespace,
-        timeout=s.kube.kube_api_timeout,
+        k.kubeconfig,
+        namespace=k.namespace,
+        timeout=k.kube_api_timeout,
         field_manager="gpunode-feature-discovery",
     )
-
-
-def plugin_config() -> type[BaseModel]:
-    from gpunode.api.plugin_config import PluginConfig
-
-    return PluginConfig
 
 
 SPEC = AgentSpec(
@@ -79,8 +59,8 @@ SPEC = AgentSpec(
     start=start,
     description=__doc__,
     default_http_port=9452,
-    config_model=plugin_config,
-    wants_config=lambda s: config_directory(s) is None,  # a directory's files are read by the label config
+    config_model=plugin_config_model,
+    wants_config=lambda s: config_directory(s) is None,  # a directory's file is read once the label chose it
     aliases={"--output": "output_file"},
 )
 main = SPEC.main

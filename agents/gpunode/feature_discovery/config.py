@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from gpunode.common.settings import SettingsParser
     from gpunode.feature_discovery.settings import FdSettings
 
-__all__ = ["ConfigReader", "LabelingConfig", "sharing_of"]
+__all__ = ["ConfigReader", "LabelingConfig", "plugin_config_model", "sharing_of"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,13 @@ class LabelingConfig:
 
     mig_strategy: MigStrategy
     sharing: TimeSlicing | None
+
+
+def plugin_config_model() -> type[PluginConfig]:
+    """The file's model, imported when a file is given (pydantic is not loaded otherwise)."""
+    from gpunode.api.plugin_config import PluginConfig
+
+    return PluginConfig
 
 
 def sharing_of(config: PluginConfig | None) -> TimeSlicing | None:

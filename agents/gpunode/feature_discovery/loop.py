@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpunode.common import sdnotify
+from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import HealthServer
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
@@ -29,7 +30,7 @@ from gpunode.nvml import Nvml, errors
 from gpunode.nvml.api import EVENT_MIG_CONFIG, EVENT_XID, EventKind
 
 if TYPE_CHECKING:
-    from gpunode.feature_discovery.settings import LabelsOnExit
+    from gpunode.feature_discovery.settings import FdSettings, LabelsOnExit
     from gpunode.kube.client import Kube
 
 __all__ = ["FdOptions", "FeatureDiscovery"]
@@ -51,6 +52,38 @@ class FdOptions:
     http_host: str = "127.0.0.1"
     http_port: int | None = None
     nvml_retry_interval: float = 30.0
+
+    @classmethod
+    def from_settings(
+        cls,
+        s: FdSettings,
+        config: LabelingConfig,
+        read_config: Callable[[Path | None], LabelingConfig],
+        *,
+        interval: float | None,
+        directory: Path | None,
+        http_host: str,
+    ) -> FdOptions:
+        """The options for ``s`` (``interval``: its sleep interval, parsed; ``directory``: its config
+        file when that names a directory)."""
+        machine = s.machine_type_file
+        return cls(
+            LabelerOptions(
+                s.output_file,
+                Path(machine) if machine else None,
+                HostPaths(root=s.host_root),
+                s.oneshot,
+                interval,
+            ),
+            config,
+            read_config,
+            s.label_config.options(directory) if directory is not None else None,
+            no_timestamp=s.no_timestamp,
+            fail_on_init_error=s.fail_on_init_error,
+            on_exit=s.labels_on_exit,
+            http_host=http_host,
+            http_port=None if s.http_port < 0 or s.oneshot else s.http_port,
+        )
 
 
 class FeatureDiscovery:
