@@ -14,30 +14,64 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpunode.api.clusterpolicy import load_policy
 from gpunode.common.errors import ConfigError
+from gpunode.common.settings import SettingsParser, setting
 from gpunode.deploy.render import dump_yaml, images, render, render_by_agent
 
-__all__ = ["main"]
+__all__ = ["RenderSettings", "main"]
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpunode render", description=__doc__.split("\n\n")[0])
-    p.add_argument("--policy", required=True, metavar="FILE", help="a ClusterPolicy YAML file")
-    p.add_argument("--strict", action="store_true", help="unknown or unsupported fields are errors (exit 2)")
-    p.add_argument("--images", action="store_true", help="print the images the policy needs and exit")
-    p.add_argument("--namespace", default="gpunode", help="namespace of the agents (default: gpunode)")
-    p.add_argument("--image", default=None, help="the gpunode image (default: spec.gpunode, or ours)")
-    p.add_argument("-o", "--output", default="-", metavar="DIR|-", help="a directory, or - for stdout")
-    return p
+@dataclass(frozen=True)
+class RenderSettings:
+    """`gpunode render`'s flags (no env vars: a policy file says everything)."""
+
+    policy: str = setting("--policy", required=True, metavar="FILE", help="a ClusterPolicy YAML file")
+    strict: bool = setting(
+        "--strict",
+        type=bool,
+        default=False,
+        negatable=False,
+        default_help="",
+        help="unknown or unsupported fields are errors (exit 2)",
+    )
+    images: bool = setting(
+        "--images",
+        type=bool,
+        default=False,
+        negatable=False,
+        default_help="",
+        help="print the images the policy needs and exit",
+    )
+    namespace: str = setting("--namespace", default="gpunode", help="namespace of the agents")
+    image: str | None = setting("--image", help="the gpunode image (default: spec.gpunode, or ours)")
+    output: str = setting(
+        "--output",
+        short="-o",
+        default="-",
+        default_help="",
+        metavar="DIR|-",
+        help="a directory, or - for stdout",
+    )
+
+
+def parser() -> SettingsParser[RenderSettings]:
+    return SettingsParser(
+        RenderSettings,
+        prog="gpunode render",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.HelpFormatter,
+        allow_abbrev=True,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = parser().parse(list(sys.argv[1:] if argv is None else argv), {}).settings
     except SystemExit as exc:
         return int(exc.code or 0) if isinstance(exc.code, int) else 2
     if not _DNS_LABEL.match(args.namespace):
