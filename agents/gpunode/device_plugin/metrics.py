@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge
 
 from gpunode.common.metrics import AgentMetrics
+
+if TYPE_CHECKING:
+    from gpunode._proto.deviceplugin.v1beta1.api_pb2 import Device
 
 
 class DevicePluginMetrics:
@@ -44,7 +47,7 @@ class DevicePluginMetrics:
             registry=registry,
         )
 
-    def observe_devices(self, resource: str, devices: Iterable[Any]) -> None:
+    def observe_devices(self, resource: str, devices: Iterable[Device]) -> None:
         counts = {"Healthy": 0, "Unhealthy": 0}
         for d in devices:
             counts[d.health] = counts.get(d.health, 0) + 1

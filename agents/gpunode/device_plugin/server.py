@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from gpunode.common.errors import UsageError
@@ -29,6 +30,12 @@ from gpunode.device_plugin.health import Health, HealthTracker
 from gpunode.device_plugin.metrics import DevicePluginMetrics
 from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import Topology
+
+if TYPE_CHECKING:
+    from grpc.aio import ServicerContext
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
 
 MAX_SOCKET_PATH = 107  # bytes: sockaddr_un.sun_path holds 108, one of them the terminating NUL
 
@@ -175,8 +182,8 @@ class Malformed:
         self.error = error
 
 
-def _lenient(message: Any) -> Callable[[bytes], Any]:
-    def parse(data: bytes) -> Any:
+def _lenient(message: type[Req]) -> Callable[[bytes], Req | Malformed]:
+    def parse(data: bytes) -> Req | Malformed:
         try:
             return message.FromString(data)
         except Exception as exc:  # DecodeError and friends: answered with INVALID_ARGUMENT, not UNKNOWN
@@ -185,8 +192,10 @@ def _lenient(message: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _checked(handler: Callable[..., Any]) -> Callable[..., Any]:
-    async def unary(request: Any, context: Any) -> Any:
+def _checked(
+    handler: Callable[[Req, ServicerContext[Req, Resp]], Awaitable[Resp]],
+) -> Callable[[Req | Malformed, ServicerContext[Req, Resp]], Awaitable[Resp]]:
+    async def unary(request: Req | Malformed, context: ServicerContext[Req, Resp]) -> Resp:
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         return await handler(request, context)
@@ -194,8 +203,10 @@ def _checked(handler: Callable[..., Any]) -> Callable[..., Any]:
     return unary
 
 
-def _checked_stream(handler: Callable[..., Any]) -> Callable[..., Any]:
-    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+def _checked_stream(
+    handler: Callable[[Req, ServicerContext[Req, Resp]], AsyncIterator[Resp]],
+) -> Callable[[Req | Malformed, ServicerContext[Req, Resp]], AsyncIterator[Resp]]:
+    async def stream(request: Req | Malformed, context: ServicerContext[Req, Resp]) -> AsyncIterator[Resp]:
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         async for item in handler(request, context):
@@ -208,7 +219,8 @@ def add_service(servicer: _Servicer, server: grpc.aio.Server) -> None:
     """`v1beta1.DevicePlugin` on `server`, like the generated helper but with lenient request parsing,
     so a corrupt request gets INVALID_ARGUMENT from us instead of gRPC's UNKNOWN."""
     unary = grpc.unary_unary_rpc_method_handler
-    handlers = {
+    # grpc's own signature: one dict for handlers of different message types
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "GetDevicePluginOptions": unary(
             _checked(servicer.GetDevicePluginOptions),
             request_deserializer=_lenient(pb.Empty),
@@ -249,16 +261,22 @@ class _Servicer:
     def __init__(self, owner: ResourceServer) -> None:
         self.owner = owner
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    async def ListAndWatch(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def ListAndWatch(
+        self, request: pb.Empty, context: ServicerContext[pb.Empty, pb.ListAndWatchResponse]
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
         self.owner.log.info("listandwatch_opened")
         async for msg in self.owner.stream():
             yield msg
 
     async def GetPreferredAllocation(
-        self, request: pb.PreferredAllocationRequest, context: Any
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: ServicerContext[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse],
     ) -> pb.PreferredAllocationResponse:
         owner = self.owner
         resource = owner.resource
@@ -283,7 +301,9 @@ class _Servicer:
             resp.container_responses.add(deviceIDs=chosen)
         return resp
 
-    async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+    async def Allocate(
+        self, request: pb.AllocateRequest, context: ServicerContext[pb.AllocateRequest, pb.AllocateResponse]
+    ) -> pb.AllocateResponse:
         owner = self.owner
         resource = owner.resource
         settings = owner.state.settings
@@ -305,7 +325,9 @@ class _Servicer:
         return resp
 
     async def PreStartContainer(
-        self, request: pb.PreStartContainerRequest, context: Any
+        self,
+        request: pb.PreStartContainerRequest,
+        context: ServicerContext[pb.PreStartContainerRequest, pb.PreStartContainerResponse],
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
 
@@ -315,5 +337,5 @@ def _unknown_text(resource: Resource, unknown: list[str]) -> str:
     return f"unknown device IDs for {resource.name}: {shown}"
 
 
-async def _abort(context: Any, code: grpc.StatusCode, message: str) -> None:
+async def _abort(context: ServicerContext[Req, Resp], code: grpc.StatusCode, message: str) -> NoReturn:
     await context.abort(code, message)

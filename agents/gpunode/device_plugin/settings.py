@@ -8,9 +8,9 @@ names, time slicing) are in :mod:`gpunode.api.plugin_types`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpunode.api.plugin_types import (
     ALLOCATION_POLICIES,
@@ -88,15 +88,15 @@ _BOOLS = frozenset(
 _STRINGS = frozenset({"cdi_annotation_prefix", "driver_root", "nvidia_ctk_path", "container_driver_root"})
 
 
-def _file_values(cfg: PluginConfig) -> dict[str, Any]:
+def _file_values(cfg: PluginConfig) -> dict[str, object]:
     """The settings written in the file (None = not written), keyed by PluginSettings field."""
     flags = cfg.flags
     plugin = flags.plugin
 
-    def pv(name: str) -> Any:
+    def pv(name: str) -> object:
         return getattr(plugin, name) if plugin is not None else None
 
-    values: dict[str, Any] = {
+    values: dict[str, object] = {
         "mig_strategy": flags.mig_strategy,
         "fail_on_init_error": flags.fail_on_init_error,
         "driver_root": flags.nvidia_driver_root,
@@ -122,11 +122,11 @@ def _file_values(cfg: PluginConfig) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-def _check_override(key: str, value: Any) -> Any:
+def _check_override(key: str, value: object) -> object:
     """Validate one already-parsed flag/env value; :class:`UsageError` names the bad value."""
     if key == "device_list_strategies":
         try:
-            return parse_device_list_strategy(value)
+            return parse_device_list_strategy(cast("str | Sequence[str]", value))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     if key in _CHOICES:
@@ -139,7 +139,7 @@ def _check_override(key: str, value: Any) -> Any:
     if key in _STRINGS and not isinstance(value, str):
         raise UsageError(f"{key} must be a string, not {value!r}")
     if key == "imex_channel_ids":
-        channels = tuple(value)
+        channels = tuple(cast("Iterable[int]", value))
         if channels not in ((), (0,)):
             raise UsageError(f"IMEX channel IDs must be [] or [0] (got {list(channels)})")
         return channels
@@ -148,7 +148,7 @@ def _check_override(key: str, value: Any) -> Any:
     return value
 
 
-def settings_from_config(cfg: PluginConfig | None, overrides: Mapping[str, Any]) -> PluginSettings:
+def settings_from_config(cfg: PluginConfig | None, overrides: Mapping[str, object]) -> PluginSettings:
     """The effective settings: ``overrides`` (resolved flag/env values) > file > defaults.
 
     ``overrides`` is keyed by :class:`PluginSettings` field names; a key that is present wins over the
@@ -159,6 +159,7 @@ def settings_from_config(cfg: PluginConfig | None, overrides: Mapping[str, Any])
     unknown = sorted(set(overrides) - _SETTING_NAMES)
     if unknown:
         raise KeyError(f"unknown device plugin setting(s): {', '.join(unknown)}")
+    # each value is the model's (typed) or checked by _check_override: PluginSettings takes them as they are
     merged: dict[str, Any] = _file_values(cfg) if cfg is not None else {}
     for key, value in overrides.items():
         merged[key] = _check_override(key, value)
