@@ -56,7 +56,6 @@ from gpunode.common.settings import setting
 from gpunode.kube.api import KubeError, NodeInfo
 
 if TYPE_CHECKING:
-    from gpunode.common.cli import FlagSet
     from gpunode.common.logging import Logger
 
 __all__ = [
@@ -76,7 +75,6 @@ __all__ = [
     "NodeApi",
     "Selection",
     "SelectionSource",
-    "add_label_config_flags",
     "is_config_name",
     "list_configs",
     "one_line",
@@ -703,29 +701,3 @@ class LabelConfigSettings:
             fallbacks=parse_fallback_strategies(self.fallback_strategies),
             first_label_wait=first_label_wait,
         )
-
-
-def add_label_config_flags(flags: FlagSet) -> None:
-    """config-manager's flags, for agents whose ``--config-file`` may name a directory of configs."""
-    flags.add(
-        "--node-label",
-        env="NODE_LABEL",
-        default=DEVICE_PLUGIN_CONFIG_LABEL,
-        metavar="KEY",
-        help="with --config-file naming a directory: the node label whose value names the config to use",
-    )
-    flags.add(
-        "--default-config",
-        env="DEFAULT_CONFIG",
-        metavar="NAME",
-        help="with a config directory: the config used when the node label is unset",
-    )
-    flags.add(
-        "--fallback-strategies",
-        env="FALLBACK_STRATEGIES",
-        type=_fallback_list,
-        default="named,single",
-        metavar="LIST",
-        help="with a config directory and no label or default config: named (the file 'default'), "
-        "single (the only file), empty (no file), tried in order",
-    )
