@@ -15,7 +15,7 @@ from gpunode.device_plugin.settings import PluginSettings, plugin_settings
 
 if TYPE_CHECKING:
     from gpunode.api.plugin_config import PluginConfig
-    from gpunode.nvml.api import Nvml
+    from gpunode.nvml import Nvml
 
 __all__ = ["SPEC", "main"]
 

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from gpunode.device_plugin.flags import DevicePluginFlags
     from gpunode.device_plugin.settings import PluginSettings
     from gpunode.kube.client import Kube
-    from gpunode.nvml.api import GpuInfo, Nvml
+    from gpunode.nvml import Nvml
+    from gpunode.nvml.api import GpuInfo
 
 __all__ = ["AGENT", "AgentOptions", "DevicePlugin", "probe_interval"]
 

@@ -1,4 +1,4 @@
-"""Registering with the kubelet, and noticing when the kubelet (or its socket directory) restarts."""
+"""The one Register call to the kubelet (keeping registrations current: :mod:`.registrar`)."""
 
 from __future__ import annotations
 

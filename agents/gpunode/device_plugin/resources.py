@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from gpunode.common.metrics import AgentMetrics
     from gpunode.device_plugin.metrics import DevicePluginMetrics
     from gpunode.device_plugin.settings import PluginSettings
-    from gpunode.nvml.api import GpuInfo, Nvml
+    from gpunode.nvml import Nvml
+    from gpunode.nvml.api import GpuInfo
 
 __all__ = ["Resources"]
 
