@@ -5,10 +5,15 @@ Conventions (GPU Operator): one image for every agent, ``priorityClassName: syst
 ``nvidia.com/gpu.deploy.<operand>: "true"``, readiness barriers as files in ``/run/nvidia/validations``
 awaited by ``gpunode-validator --wait-for`` init containers, and RBAC limited to what each agent does
 (README, "Kubernetes").
+
+The agents, their console scripts, operand labels and HTTP ports come from :mod:`gpunode.registry`
+(``AgentSpec.default_http_port`` of the spec each main container runs); a test checks that every env
+var written into a container is one of that command's settings.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -16,13 +21,22 @@ from typing import Any
 
 import yaml
 
-from gpunode import __version__
-from gpunode.api.clusterpolicy import ClusterPolicy, EnvVar
+from gpunode import __version__, registry
+from gpunode.api.clusterpolicy import ClusterPolicy, EnvVar, NamedConfig
 from gpunode.mig import DEFAULT_JOURNAL
 
-__all__ = ["AGENTS", "Agent", "dump_yaml", "image_for", "render", "render_by_agent"]
+__all__ = [
+    "MAIN_VERBS",
+    "Agent",
+    "agent_by_key",
+    "agents",
+    "dump_yaml",
+    "image_for",
+    "render",
+    "render_by_agent",
+]
 
-Obj = dict[str, Any]
+Obj = dict[str, Any]  # a Kubernetes object (JSON-like)
 
 VALIDATIONS = "/run/nvidia/validations"
 DRIVER_INSTALL_DIR = "/run/nvidia/driver"
@@ -31,21 +45,42 @@ NONROOT_UID = 65532
 
 @dataclass(frozen=True)
 class Agent:
-    key: str  # file name and short name
-    name: str  # DaemonSet / ServiceAccount name (= app.kubernetes.io/name)
+    """One DaemonSet: a registry entry with an operand label, and what its main container runs."""
+
+    key: str  # registry key: file name and short name
+    name: str  # console script = DaemonSet / ServiceAccount name (= app.kubernetes.io/name)
     operand: str  # nvidia.com/gpu.deploy.<operand>
-    port: int | None  # HTTP port with /healthz, /readyz, /metrics
+    port: int | None  # HTTP port with /healthz, /readyz, /metrics (the spec's default_http_port)
+    verb: str = ""  # the verb the main container runs (a registry SPECS key), for verb commands
+
+    @property
+    def command(self) -> list[str]:
+        """The main container's command without its flags: console script, then the verb's words."""
+        return [self.name, *self.verb.split()]
 
 
-AGENTS = (
-    Agent("driver", "gpunode-driver-loader", "driver", 9454),
-    Agent("toolkit", "gpunode-toolkit", "container-toolkit", None),
-    Agent("device-plugin", "gpunode-device-plugin", "device-plugin", 9451),
-    Agent("feature-discovery", "gpunode-feature-discovery", "gpu-feature-discovery", 9452),
-    Agent("exporter", "gpunode-exporter", "dcgm-exporter", 9400),
-    Agent("mig-manager", "gpunode-mig-manager", "mig-manager", 9453),
-)
-_BY_KEY = {a.key: a for a in AGENTS}
+#: The verb each verb command's main container runs.
+MAIN_VERBS = {"driver": "init", "toolkit": "cdi generate"}
+
+
+@functools.cache
+def agent_by_key(key: str) -> Agent:
+    """The registry's agent ``key`` as a DaemonSet (``KeyError`` when it has no operand label)."""
+    entry = registry.entry(key)
+    if entry.operand is None:
+        raise KeyError(f"{key} is not deployed as a DaemonSet")
+    verb = MAIN_VERBS.get(key, "")
+    port = registry.spec(key, verb).default_http_port
+    return Agent(entry.key, entry.console_script, entry.operand, port, verb)
+
+
+def agents() -> tuple[Agent, ...]:
+    """Every agent deployed as a DaemonSet, in the registry's order (imports each one's settings)."""
+    return tuple(agent_by_key(e.key) for e in registry.AGENTS if e.operand is not None)
+
+
+def _validator() -> str:
+    return registry.entry("validator").console_script
 
 
 def image_for(policy: ClusterPolicy, override: str | None = None) -> str:
@@ -65,7 +100,7 @@ def enabled_agents(policy: ClusterPolicy) -> list[Agent]:
         "exporter": s.dcgm_exporter.enabled,
         "mig-manager": s.mig_manager.enabled,
     }
-    return [a for a in AGENTS if on[a.key]]
+    return [agent_by_key(e.key) for e in registry.AGENTS if e.operand is not None and on[e.key]]
 
 
 def render(policy: ClusterPolicy, *, namespace: str = "gpunode", image: str | None = None) -> list[Obj]:
@@ -220,7 +255,7 @@ class _Renderer:
             "name": f"wait-for-{what}",
             "image": self.image,
             "imagePullPolicy": self.s.gpunode.image_pull_policy,
-            "command": ["gpunode-validator", "--wait-for", what, "--timeout", "0"],
+            "command": [_validator(), "--wait-for", what, "--timeout", "0"],
             "env": _merge_env([_env("LOG_FORMAT", "json")], _user_env(self.s.validator.env)),
             "securityContext": _restricted(),
             "volumeMounts": [_mount("run-nvidia-validations", VALIDATIONS, read_only=True)],
@@ -383,7 +418,7 @@ class _Renderer:
             _mount("var-log", "/var/log"),
             _mount("dev-log", "/dev/log"),
         ]
-        main = self._container(agent, ["gpunode-driver-loader", "init"], env, d.env)
+        main = self._container(agent, agent.command, env, d.env)
         main["securityContext"] = dict(_PRIVILEGED)
         main["volumeMounts"] = mounts
         main["startupProbe"] = {**_probe("/readyz", "http", period=10, failures=120), "timeoutSeconds": 60}
@@ -391,7 +426,7 @@ class _Renderer:
             "name": "driver-manager",
             "image": self.image,
             "imagePullPolicy": self.s.gpunode.image_pull_policy,
-            "command": ["gpunode-driver-loader", "upgrade"],
+            "command": [agent.name, "upgrade"],
             "env": _merge_env(env, _user_env(d.manager.env)),
             "securityContext": dict(_PRIVILEGED),
             "volumeMounts": mounts,
@@ -416,7 +451,7 @@ class _Renderer:
 
     def _toolkit(self, agent: Agent) -> tuple[list[Obj], list[Obj], list[Obj]]:
         env = self._base_env(agent) + self._nvml_env() + [_env("RUNTIME", self.s.operator.default_runtime)]
-        cmd = ["gpunode-toolkit", "cdi", "generate", "--output", "/var/run/cdi/nvidia.yaml"]
+        cmd = [*agent.command, "--output", "/var/run/cdi/nvidia.yaml"]
         mounts = [
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
             _mount("cdi", "/var/run/cdi"),
@@ -461,7 +496,7 @@ class _Renderer:
             "name": f"{component}-validation",
             "image": self.image,
             "imagePullPolicy": self.s.gpunode.image_pull_policy,
-            "command": ["gpunode-validator", "--component", component],
+            "command": [_validator(), "--component", component],
             "env": _merge_env(env, _user_env(self.s.validator.env)),
             "securityContext": _restricted(run_as_root=True),
             "volumeMounts": [
@@ -501,7 +536,7 @@ class _Renderer:
             cluster_rules.append(
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "patch"]}
             )
-        main = self._container(agent, ["gpunode-device-plugin"], env, dp.env)
+        main = self._container(agent, agent.command, env, dp.env)
         # Root to create its sockets in the kubelet's root-owned directory; no privilege, no escalation.
         # SYS_ADMIN only for MIG (reading the MIG capability files), as NVIDIA's chart does.
         add = ("SYS_ADMIN",) if self.s.mig.strategy != "none" else ()
@@ -515,7 +550,9 @@ class _Renderer:
         }
         return [*objs, self._daemonset(agent, pod)], cluster_rules, []
 
-    def _config_map(self, agent: Agent, config: Any, default_name: str) -> tuple[str, list[Obj]] | None:
+    def _config_map(
+        self, agent: Agent, config: NamedConfig, default_name: str
+    ) -> tuple[str, list[Obj]] | None:
         if config.create:
             name = config.name or default_name
             data = dict(sorted(config.data.items()))
@@ -556,9 +593,7 @@ class _Renderer:
             mounts.append(_mount("available-configs", "/available-configs", read_only=True))
             volumes.append({"name": "available-configs", "configMap": {"name": cm[0]}})
             cluster_rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]})
-        main = self._container(
-            agent, ["gpunode-feature-discovery", "--use-node-feature-api"], env, self.s.gfd.env
-        )
+        main = self._container(agent, [*agent.command, "--use-node-feature-api"], env, self.s.gfd.env)
         main["securityContext"] = _restricted()
         main["volumeMounts"] = mounts
         pod: Obj = {
@@ -581,7 +616,7 @@ class _Renderer:
         ex = self.s.dcgm_exporter
         env = self._base_env(agent) + self._nvml_env()
         env += [_env("DCGM_EXPORTER_LISTEN", f":{agent.port}"), _env("DCGM_EXPORTER_KUBERNETES", "true")]
-        main = self._container(agent, ["gpunode-exporter"], env, ex.env)
+        main = self._container(agent, agent.command, env, ex.env)
         main["ports"] = [{"name": "metrics", "containerPort": agent.port, "protocol": "TCP"}]
         main["livenessProbe"]["httpGet"]["port"] = "metrics"
         main["readinessProbe"]["httpGet"]["port"] = "metrics"
@@ -661,7 +696,7 @@ class _Renderer:
             )
         else:
             name = mm.config.name
-        main = self._container(agent, ["gpunode-mig-manager"], env, mm.env)
+        main = self._container(agent, agent.command, env, mm.env)
         main["securityContext"] = dict(_PRIVILEGED)
         main["volumeMounts"] = [
             _mount("host-root", "/host", propagation="HostToContainer"),
@@ -699,7 +734,3 @@ class _Renderer:
 def images(policy: ClusterPolicy, image: str | None = None) -> list[str]:
     """The images the rendered manifests use (one: every agent runs from the same image)."""
     return [image_for(policy, image)]
-
-
-def agent_by_key(key: str) -> Agent:
-    return _BY_KEY[key]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpunode.api.clusterpolicy import load_policy
-from gpunode.deploy.render import AGENTS, dump_yaml, render, render_by_agent
+from gpunode.deploy.render import agents, dump_yaml, render, render_by_agent
 from gpunode.deploy.render_cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -109,7 +109,7 @@ def test_schema_validation_catches_a_typo() -> None:
 def test_daemonset_conventions(name: str) -> None:
     objs = _rendered(name)
     for ds in _daemonsets(objs):
-        agent = next(a for a in AGENTS if a.name == ds["metadata"]["name"])
+        agent = next(a for a in agents() if a.name == ds["metadata"]["name"])
         pod = ds["spec"]["template"]["spec"]
         assert pod["priorityClassName"] == "system-node-critical"
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
