@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from dataclasses import dataclass
 from typing import Protocol, cast
 
 from gpunode import __version__
+from gpunode.common.settings import SettingsParser, setting
 
 # The commands of the simulated world: (module, help). Their modules load only when one of them runs, so
 # `gpunode version` and the rest never import gpunode.sim.
@@ -20,6 +22,13 @@ SIM_COMMANDS = {
     "fake-host": ("gpunode.sim.host_cli", "build a fake host tree for gpunode-driver-loader to work on"),
     "dev": ("gpunode.sim.kubelet_cli", "development helpers (dev kubelet: a kubelet emulator)"),
 }
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """`gpunode demo`'s flags."""
+
+    preset: str = setting("--preset", default="dgx-a100", default_help="")
 
 
 class _Tool(Protocol):
@@ -59,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim = _sim_command(sub, command, "sim")
     demo = sub.add_parser("demo", help="walk through the simulated dgx-a100 node")
-    demo.add_argument("--preset", default="dgx-a100")
+    demo_flags = SettingsParser(DemoSettings, prog="gpunode demo", parser=demo)
     sub.add_parser("version", help="print the version")
     sub.add_parser("doctor", help="check this node end to end and say what to fix (gpunode doctor --help)")
     sub.add_parser("render", help="Kubernetes manifests from a ClusterPolicy (gpunode render --help)")
@@ -74,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from gpunode import demo as demo_mod
 
-        return demo_mod.run(args.preset)
+        settings, _sources = demo_flags.resolve(vars(args), {}, None)
+        return demo_mod.run(settings.preset)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse allows only the commands above
 
 
