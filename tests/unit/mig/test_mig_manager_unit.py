@@ -16,6 +16,7 @@ import pytest
 
 from gpunode.api.mig_config import MigEntry, MigSpec
 from gpunode.mig.apply import ApplyReport, MigError, RebootRequired
+from gpunode.mig.bare_metal import StateFile, parse_selected_config
 from gpunode.mig.clients import (
     ClientsError,
     HostClients,
@@ -25,19 +26,10 @@ from gpunode.mig.clients import (
     parse_show,
     systemctl_prefix,
 )
-from gpunode.mig.manager import (
-    AFTER_REBOOT,
-    Decision,
-    ManagerOptions,
-    MigManager,
-    StateFile,
-    build_options,
-    decide,
-    find_agents,
-    one_line,
-    parse_selected_config,
-    unknown_config_reason,
-)
+from gpunode.mig.decisions import AFTER_REBOOT, Decision, decide, one_line, unknown_config_reason
+from gpunode.mig.manager import MigManager
+from gpunode.mig.notify import find_agents
+from gpunode.mig.options import ManagerOptions, build_options
 from gpunode.mig.plan import GpuPlan, Infeasible, NodePlan
 from helpers.waiting import until
 
@@ -607,16 +599,16 @@ async def test_state_file_and_the_reboot_marker(tmp_path: Path) -> None:
 
 # -- options and agents -----------------------------------------------------------------------------------
 def test_build_options_bare_metal_defaults_to_the_root_filesystem(tmp_path: Path) -> None:
-    from gpunode.mig.manager_cli import flag_set
+    from gpunode.mig.manager_cli import SPEC
 
-    flags = flag_set()
+    flags = SPEC.parser()
     s = flags.parse(["--selected-config-file", str(tmp_path / "sel")], {})
-    opts = build_options(s.values, s.sources, {})
+    opts = build_options(s.settings, s.sources, {})
     assert opts.reboot_command == ("reboot",)
-    assert opts.values["host_root_mount"] == "/"
+    assert opts.host_root_mount == "/"
     assert opts.reboot_marker == Path("/var/lib/gpunode/mig/reboot-pending.json")
     s = flags.parse(["--node-name", "n"], {"HOST_ROOT_MOUNT": "/host"})
-    opts = build_options(s.values, s.sources, {})
+    opts = build_options(s.settings, s.sources, {})
     assert opts.reboot_command == ("chroot", "/host", "reboot")
     assert opts.selected_config_file is None
     assert opts.operand_timeout == 300.0
