@@ -10,18 +10,21 @@ Every flag keeps its option, NVIDIA's environment variable (``KERNEL_MODULE_TYPE
 
 ``--force-reinstall`` sits between the last two for ``init`` and among the driver manager's flags for
 ``upgrade`` (with its own help text), as the ``--help`` of each verb has always listed it.
-Importing this module loads no Kubernetes client: the label checks are standard library only.
+Importing this module loads no Kubernetes client; the label checks (:mod:`gpunode.kube.selectors`) load
+when a selector or label key is given.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode.common.cli import parse_duration
 from gpunode.common.settings import CommonSettings, KubeSettings, group, setting
 from gpunode.driver_loader.modules import MODULE_TYPES
-from gpunode.kube.selectors import LabelSelector, is_label_key
+
+if TYPE_CHECKING:
+    from gpunode.kube.selectors import LabelSelector
 
 __all__ = [
     "DEFAULT_DRAIN_TIMEOUT",
@@ -50,6 +53,8 @@ DEFAULT_OPERAND_TIMEOUT = 300.0
 
 def pod_selector(text: str) -> LabelSelector:
     """``DRAIN_POD_SELECTOR_LABEL``: a label selector without the integer compares ``>`` / ``<``."""
+    from gpunode.kube.selectors import LabelSelector
+
     return LabelSelector.parse(text, numeric=False)
 
 
@@ -60,6 +65,8 @@ def _selector_text(text: str) -> str:
 
 def _label_key(text: str) -> str:
     """``NODE_LABEL_FOR_GPU_POD_EVICTION``: a node label key; ``ValueError`` otherwise."""
+    from gpunode.kube.selectors import is_label_key
+
     key = text.strip()
     if not is_label_key(key):
         raise ValueError(f"{text!r} is not a valid node label key (like example.com/gpu-workload)")
