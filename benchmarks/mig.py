@@ -27,7 +27,7 @@ from benchlib import load_average, machine_base, percentile
 from gpunode.api.mig_config import parse_spec
 from gpunode.mig.apply import Applier
 from gpunode.mig.layouts import default_spec
-from gpunode.mig.plan import Desired, Infeasible, plan_node
+from gpunode.mig.plan import DesiredGpu, Infeasible, plan_node
 from gpunode.mig.selection import SelectionError, desired_per_gpu
 from gpunode.mig.state import identity, read_states
 from gpunode.nvml.real import RealNvml
@@ -67,7 +67,7 @@ async def planning(preset: str, rounds: int) -> dict[str, Any]:
                 chosen = desired_per_gpu(name, entries, ids)
             except SelectionError:
                 continue  # a layout for other products
-            desired = {i: Desired(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
+            desired = {i: DesiredGpu(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
             try:
                 plan_node(states, desired)
             except Infeasible:

@@ -332,7 +332,7 @@ async def _mig_check(opts: DoctorOptions, facts: _Facts, node_labels: NodeLabels
     if not name:
         return Check("mig", "skip", f"MIG mode {modes}; no config selected (--mig-config or the node label)")
     from gpunode.api.mig_config import UnknownConfig, load_spec
-    from gpunode.mig.plan import Desired, Infeasible, plan_node
+    from gpunode.mig.plan import DesiredGpu, Infeasible, plan_node
     from gpunode.mig.selection import SelectionError, desired_per_gpu
     from gpunode.mig.state import identity, read_states, select_gpus
 
@@ -346,7 +346,7 @@ async def _mig_check(opts: DoctorOptions, facts: _Facts, node_labels: NodeLabels
             spec = default_spec()
         entries = spec.select(name)
         chosen = desired_per_gpu(name, entries, [identity(g) for g in facts.gpus])
-        desired = {i: Desired(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
+        desired = {i: DesiredGpu(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
         states = await read_states(facts.nvml, select_gpus(facts.gpus, desired))
         plan = plan_node(states, desired)
     except (ConfigError, UnknownConfig, SelectionError, Infeasible) as exc:

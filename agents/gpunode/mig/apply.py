@@ -32,7 +32,7 @@ from typing import Any
 from gpunode.api.mig_config import MigEntry
 from gpunode.common.atomic import atomic_write
 from gpunode.common.logging import get_logger
-from gpunode.mig.plan import Desired, GpuPlan, NodePlan, plan_node
+from gpunode.mig.plan import DesiredGpu, GpuPlan, NodePlan, plan_node
 from gpunode.mig.selection import desired_per_gpu
 from gpunode.mig.state import Resetter, identity, read_states, select_gpus
 from gpunode.nvml import errors
@@ -138,14 +138,14 @@ class Applier:
     # -- planning --------------------------------------------------------------------------------------
     async def desired(
         self, name: str, entries: Sequence[MigEntry]
-    ) -> tuple[list[GpuInfo], dict[int, Desired]]:
+    ) -> tuple[list[GpuInfo], dict[int, DesiredGpu]]:
         gpus = await self.nvml.gpus()
         chosen = desired_per_gpu(name, entries, [identity(g) for g in gpus])
-        desired = {i: Desired(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
+        desired = {i: DesiredGpu(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
         return gpus, desired
 
     async def plan(
-        self, gpus: Sequence[GpuInfo], desired: Mapping[int, Desired], *, mode_only: bool = False
+        self, gpus: Sequence[GpuInfo], desired: Mapping[int, DesiredGpu], *, mode_only: bool = False
     ) -> NodePlan:
         states = await read_states(self.nvml, select_gpus(gpus, desired))
         return plan_node(states, desired, mode_only=mode_only)

@@ -160,10 +160,10 @@ def generate(gpus: Sequence[tuple[GpuIdentity, Sequence[GiProfile]]]) -> MigSpec
 
 # ---------------------------------------------------------------------------------------------- export
 
-GpuState = tuple[GpuIdentity, bool, Mapping[str, int]]
+ExportRow = tuple[GpuIdentity, bool, Mapping[str, int]]  # a GPU, its MIG mode, its devices
 
 
-def export(states: Sequence[GpuState], label: str = "current") -> MigSpec:
+def export(states: Sequence[ExportRow], label: str = "current") -> MigSpec:
     """The node's live MIG state as a one-config spec named ``label`` (``gpunode-mig export``).
 
     ``states`` holds, per GPU, its identity, whether MIG is enabled and its MIG devices (profile ->

@@ -57,7 +57,9 @@ class GiState:
 
 
 @dataclass(frozen=True)
-class GpuState:
+class GpuMigState:
+    """The live MIG state of one GPU, as :func:`gpunode.mig.state.read_state` reads it."""
+
     index: int
     name: str
     mig_capable: bool
@@ -73,7 +75,9 @@ class GpuState:
 
 
 @dataclass(frozen=True)
-class Desired:
+class DesiredGpu:
+    """What one GPU should become: MIG on or off, and the devices it should hold."""
+
     mig_enabled: bool
     devices: Mapping[str, int] = field(default_factory=dict)  # profile string -> count (> 0)
 
@@ -188,7 +192,7 @@ class _Fail(Exception):
 
 
 # -- public functions -----------------------------------------------------------------------------------
-def current_devices(state: GpuState) -> dict[str, int]:
+def current_devices(state: GpuMigState) -> dict[str, int]:
     """The live layout as mig-parted counts it: one profile string per CI; GIs without CIs don't count."""
     out: Counter[str] = Counter()
     for gi in sorted(state.instances, key=lambda g: g.id):
@@ -198,7 +202,7 @@ def current_devices(state: GpuState) -> dict[str, int]:
 
 
 def plan_node(
-    states: Sequence[GpuState], desired: Mapping[int, Desired], *, mode_only: bool = False
+    states: Sequence[GpuMigState], desired: Mapping[int, DesiredGpu], *, mode_only: bool = False
 ) -> NodePlan:
     """Plan every GPU named in `desired`; raises Infeasible for the first one that cannot be satisfied."""
     by_index = {s.index: s for s in states}
@@ -209,7 +213,7 @@ def plan_node(
     return NodePlan(tuple(p for p in plans if not p.empty))
 
 
-def plan_gpu(state: GpuState, desired: Desired, *, mode_only: bool = False) -> GpuPlan:
+def plan_gpu(state: GpuMigState, desired: DesiredGpu, *, mode_only: bool = False) -> GpuPlan:
     """The plan that turns this GPU's live state into `desired`."""
     try:
         return _plan_gpu(state, desired, mode_only)
@@ -217,13 +221,13 @@ def plan_gpu(state: GpuState, desired: Desired, *, mode_only: bool = False) -> G
         raise Infeasible(state.index, state.name, str(e)) from None
 
 
-def derived_placements(state: GpuState) -> dict[int, tuple[Placement, ...]]:
+def derived_placements(state: GpuMigState) -> dict[int, tuple[Placement, ...]]:
     """Placements per GI profile enum: the listed ones, or derived where the driver listed none."""
     return dict(_placements(state.gi_profiles, state.memory_slices, state.compute_slices))
 
 
 # -- mode -----------------------------------------------------------------------------------------------
-def _plan_gpu(state: GpuState, desired: Desired, mode_only: bool) -> GpuPlan:
+def _plan_gpu(state: GpuMigState, desired: DesiredGpu, mode_only: bool) -> GpuPlan:
     if not state.mig_capable:
         if desired.mig_enabled:
             raise _Fail("MIG is not supported on this GPU")
@@ -267,7 +271,7 @@ def _destroy_all(gis: Sequence[GiState]) -> tuple[Target, ...]:
 
 
 def _finish(
-    state: GpuState,
+    state: GpuMigState,
     set_mode: bool | None,
     reset: bool,
     destroy: tuple[Target, ...],
@@ -305,7 +309,7 @@ class _CiOption:
 class _Gpu:
     """The GPU's profiles resolved once: by name, placements, CI options."""
 
-    def __init__(self, state: GpuState) -> None:
+    def __init__(self, state: GpuMigState) -> None:
         self.state = state
         self.by_enum = {p.enum: p for p in state.gi_profiles}
         self.by_name: dict[MigProfileName, GiProfile] = {}

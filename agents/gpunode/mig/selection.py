@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from gpunode.api.mig_config import GpuIdentity, MigEntry
 
-__all__ = ["Desired", "SelectionError", "desired_per_gpu"]
+__all__ = ["SelectedLayout", "SelectionError", "desired_per_gpu"]
 
 
 @dataclass(frozen=True)
-class Desired:
+class SelectedLayout:
     """The state one GPU should be in, and the entry that decided it."""
 
     mig_enabled: bool
@@ -29,7 +29,7 @@ class SelectionError(Exception):
 
 def desired_per_gpu(
     name: str, entries: Sequence[MigEntry], gpus: Sequence[GpuIdentity]
-) -> dict[int, Desired]:
+) -> dict[int, SelectedLayout]:
     """The desired MIG state of each GPU that config ``name`` covers, keyed by GPU index.
 
     mig-parted's walk (shared/reference/mig.md §1.2, §2.2), made loud where it is silent:
@@ -49,7 +49,7 @@ def desired_per_gpu(
     Whether each GPU offers the requested profiles is not checked here; the planner does that per GPU.
     """
     by_index = {gpu.index: gpu for gpu in gpus}
-    result: dict[int, Desired] = {}
+    result: dict[int, SelectedLayout] = {}
     matched_any = False
     wants_mig = False
     for entry in entries:
@@ -74,7 +74,7 @@ def desired_per_gpu(
                     )
                 continue
             devices = dict(entry.mig_devices) if entry.mig_enabled else {}
-            result[gpu.index] = Desired(entry.mig_enabled, devices, entry.path)
+            result[gpu.index] = SelectedLayout(entry.mig_enabled, devices, entry.path)
     if not matched_any:
         filters = sorted({str(f) for entry in entries for f in entry.filters})
         wanted = ", ".join(filters) if filters else "any GPU"

@@ -1,6 +1,6 @@
 """The live MIG state of the node, read through the NVML library, and GPU resets.
 
-:func:`read_states` turns what NVML reports into the planner's inputs (:class:`gpunode.mig.plan.GpuState`).
+:func:`read_states` turns what NVML reports into the planner's inputs (:class:`gpunode.mig.plan.GpuMigState`).
 Resetting a GPU is not an NVML call (``nvidia-smi -r`` and mig-parted write the PCI device's sysfs
 ``reset`` file), so it sits behind :class:`Resetter`: :class:`SysfsResetter` on a real node,
 :class:`gpunode.sim.mig_reset.SimResetter` on the simulated one.
@@ -14,7 +14,7 @@ from typing import Protocol
 
 from gpunode.api.mig_config import GpuIdentity
 from gpunode.common.hostpaths import HostPaths
-from gpunode.mig.plan import CiState, GiState, GpuState
+from gpunode.mig.plan import CiState, GiState, GpuMigState
 from gpunode.nvml import errors
 from gpunode.nvml.api import GpuInfo, Nvml
 from gpunode.nvml.errors import ResetFailed
@@ -36,7 +36,7 @@ def needs_reset_for_mode(gpu: GpuInfo) -> bool:
     return gpu.compute_capability[0] < 9
 
 
-async def read_state(nvml: Nvml, gpu: GpuInfo) -> GpuState:
+async def read_state(nvml: Nvml, gpu: GpuInfo) -> GpuMigState:
     """One GPU's MIG mode, profiles, instances and the processes using it."""
     mode = await nvml.mig_mode(gpu.index)
     procs: tuple[int, ...] = ()
@@ -46,7 +46,7 @@ async def read_state(nvml: Nvml, gpu: GpuInfo) -> GpuState:
     except errors.NvmlError:
         pass
     if mode is None:
-        return GpuState(
+        return GpuMigState(
             index=gpu.index,
             name=gpu.name,
             mig_capable=False,
@@ -71,7 +71,7 @@ async def read_state(nvml: Nvml, gpu: GpuInfo) -> GpuState:
             )
             instances.append(GiState(gi.id, gi.profile, gi.placement.start, gi.placement.size, cis))
     compute = max((p.slices for p in profiles), default=0)
-    return GpuState(
+    return GpuMigState(
         index=gpu.index,
         name=gpu.name,
         mig_capable=True,
@@ -87,7 +87,7 @@ async def read_state(nvml: Nvml, gpu: GpuInfo) -> GpuState:
     )
 
 
-async def read_states(nvml: Nvml, gpus: Iterable[GpuInfo]) -> list[GpuState]:
+async def read_states(nvml: Nvml, gpus: Iterable[GpuInfo]) -> list[GpuMigState]:
     return [await read_state(nvml, gpu) for gpu in gpus]
 
 

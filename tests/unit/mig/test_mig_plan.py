@@ -76,8 +76,8 @@ def gpu_state(
     instances: tuple[mp.GiState, ...] = (),
     processes: tuple[int, ...] = (),
     listed: bool = False,
-) -> mp.GpuState:
-    return mp.GpuState(
+) -> mp.GpuMigState:
+    return mp.GpuMigState(
         index=index,
         name=product.name,
         mig_capable=product.mig_capable,
@@ -102,7 +102,7 @@ class Driver:
         self.node.gpus[0].mig_current = self.node.gpus[0].mig_pending = int(mode)
         self.profiles = {p.enum: p for p in gi_profiles(product)}
 
-    def state(self, processes: tuple[int, ...] = ()) -> mp.GpuState:
+    def state(self, processes: tuple[int, ...] = ()) -> mp.GpuMigState:
         st = self.node.gpus[0]
         instances = tuple(
             mp.GiState(
@@ -147,7 +147,7 @@ class Driver:
 
     def converge(self, devices: Mapping[str, int]) -> mp.GpuPlan:
         """Plan, apply (re-planning after a mode change, as the executor does), and check the result."""
-        desired = mp.Desired(True, devices)
+        desired = mp.DesiredGpu(True, devices)
         first = mp.plan_gpu(self.state(), desired)
         self.apply(first)
         if first.set_mode is not None or first.reset:
@@ -237,7 +237,7 @@ FEASIBLE = [
 def test_feasible_layout_is_placed_and_accepted_by_the_driver(
     product: pr.Product, devices: dict[str, int], expected: list[str] | None
 ) -> None:
-    plan = mp.plan_gpu(gpu_state(product), mp.Desired(True, devices))
+    plan = mp.plan_gpu(gpu_state(product), mp.DesiredGpu(True, devices))
     if expected is not None:
         assert layout(plan) == expected
     assert plan.set_mode is None
@@ -251,7 +251,7 @@ def test_mig_guide_19_19_14_9_is_always_placed() -> None:
     """The guide's `-cgi 19,19,14,9` fails with automatic placement; explicit placements never do."""
     devices = {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
     for _ in range(3):
-        plan = mp.plan_gpu(gpu_state(A100), mp.Desired(True, devices))
+        plan = mp.plan_gpu(gpu_state(A100), mp.DesiredGpu(True, devices))
         starts = {(gi.name, gi.start) for gi in plan.create}
         assert ("3g.20gb", 4) in starts  # 3g at 0 would leave no room for 2g + 1g + 1g
         Driver(A100).converge(devices)
@@ -290,7 +290,7 @@ def test_infeasible_layout_names_the_reason(
     product: pr.Product, devices: dict[str, int], reason: str
 ) -> None:
     with pytest.raises(mp.Infeasible) as err:
-        mp.plan_gpu(gpu_state(product, index=3), mp.Desired(True, devices))
+        mp.plan_gpu(gpu_state(product, index=3), mp.DesiredGpu(True, devices))
     assert reason in err.value.reason
     assert err.value.gpu == 3
     assert str(err.value).startswith(f"GPU 3 ({product.name}): ")
@@ -305,7 +305,7 @@ def test_placement_conflict_is_reported_concretely() -> None:
     )
     state = replace(gpu_state(A100), gi_profiles=profiles)
     with pytest.raises(mp.Infeasible, match=r"no placement \{0\}:2 fits 2g.10gb with 3g.20gb @0:4"):
-        mp.plan_gpu(state, mp.Desired(True, {"3g.20gb": 1, "2g.10gb": 1}))
+        mp.plan_gpu(state, mp.DesiredGpu(True, {"3g.20gb": 1, "2g.10gb": 1}))
 
 
 def test_listed_ci_profiles_restrict_the_sizes() -> None:
@@ -313,8 +313,8 @@ def test_listed_ci_profiles_restrict_the_sizes() -> None:
     only_full = {g3.enum: (CiProfile(mig.CI_3_SLICE, g3.enum, "3g.20gb", 3, 1, 42),)}
     state = replace(gpu_state(A100), ci_profiles=only_full)
     with pytest.raises(mp.Infeasible, match=r"offers compute instances 3g\.20gb"):
-        mp.plan_gpu(state, mp.Desired(True, {"1c.3g.20gb": 1}))
-    assert layout(mp.plan_gpu(state, mp.Desired(True, {"3g.20gb": 1}))) == ["3g.20gb@4:4"]
+        mp.plan_gpu(state, mp.DesiredGpu(True, {"1c.3g.20gb": 1}))
+    assert layout(mp.plan_gpu(state, mp.DesiredGpu(True, {"3g.20gb": 1}))) == ["3g.20gb@4:4"]
 
 
 # -- incremental changes --------------------------------------------------------------------------------
@@ -326,10 +326,10 @@ def built(product: pr.Product, devices: Mapping[str, int]) -> Driver:
 
 def test_same_layout_is_an_empty_plan() -> None:
     driver = built(A100, BALANCED)
-    plan = mp.plan_gpu(driver.state(processes=(42,)), mp.Desired(True, BALANCED))
+    plan = mp.plan_gpu(driver.state(processes=(42,)), mp.DesiredGpu(True, BALANCED))
     assert plan.empty
     assert plan.disrupted_processes == ()
-    assert mp.plan_node([driver.state()], {0: mp.Desired(True, BALANCED)}).gpus == ()
+    assert mp.plan_node([driver.state()], {0: mp.DesiredGpu(True, BALANCED)}).gpus == ()
 
 
 def test_balanced_to_four_1g_keeps_the_3g_and_the_1g_instances() -> None:
@@ -337,19 +337,19 @@ def test_balanced_to_four_1g_keeps_the_3g_and_the_1g_instances() -> None:
     before = {gi.profile.name: gi.id for gi in driver.state().instances if gi.profile.name != "1g.5gb"}
     ones = sorted(gi.id for gi in driver.state().instances if gi.profile.name == "1g.5gb")
     target = {"1g.5gb": 4, "3g.20gb": 1}
-    plan = mp.plan_gpu(driver.state(processes=(7,)), mp.Desired(True, target))
+    plan = mp.plan_gpu(driver.state(processes=(7,)), mp.DesiredGpu(True, target))
     assert plan.keep == tuple(sorted([before["3g.20gb"], *ones]))
     assert [gi for gi, ci in plan.destroy if ci is None] == [before["2g.10gb"]]
     assert layout(plan) == ["1g.5gb@2:1", "1g.5gb@3:1"]  # where the 2g was
     assert plan.disrupted_processes == (7,)
     driver.apply(plan)
     assert mp.current_devices(driver.state()) == target
-    assert mp.plan_gpu(driver.state(), mp.Desired(True, target)).empty
+    assert mp.plan_gpu(driver.state(), mp.DesiredGpu(True, target)).empty
 
 
 def test_extra_instance_destroys_only_it() -> None:
     driver = built(A100, {"1g.5gb": 7})
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, {"1g.5gb": 6}))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"1g.5gb": 6}))
     assert len(plan.keep) == 6
     assert [gi for gi, ci in plan.destroy if ci is None] == [13]  # the 1g at memory slice 6
     assert plan.destroy == ((13, 0), (13, None))
@@ -362,7 +362,7 @@ def test_extra_instance_destroys_only_it() -> None:
 def test_growing_touches_nothing_and_disrupts_no_one() -> None:
     driver = built(A100, {"3g.20gb": 1})
     target = {"3g.20gb": 1, "2g.10gb": 2}
-    plan = mp.plan_gpu(driver.state(processes=(5,)), mp.Desired(True, target))
+    plan = mp.plan_gpu(driver.state(processes=(5,)), mp.DesiredGpu(True, target))
     assert not plan.destroy
     assert plan.disrupted_processes == ()
     assert len(plan.keep) == 1
@@ -372,7 +372,7 @@ def test_growing_touches_nothing_and_disrupts_no_one() -> None:
 
 def test_sub_profile_growth_adds_cis_to_kept_instances() -> None:
     driver = built(A100, {"1c.3g.20gb": 2})
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, {"1c.3g.20gb": 6}))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"1c.3g.20gb": 6}))
     assert not plan.destroy
     assert len(plan.create_cis) == 1  # the kept GI fills up to three 1c CIs ...
     assert layout(plan) == ["3g.20gb@0:4[1c@0,1c@1,1c@2]"]  # ... and one more GI takes the rest
@@ -384,7 +384,7 @@ def test_other_ci_grouping_with_the_same_devices_is_kept() -> None:
     driver = Driver(A100)
     driver.create(mig.GI_3_SLICE, 0, [(mig.CI_2_SLICE, 0)])
     driver.create(mig.GI_3_SLICE, 4, [(mig.CI_1_SLICE, 0), (mig.CI_1_SLICE, 1), (mig.CI_1_SLICE, 2)])
-    desired = mp.Desired(True, {"2c.3g.20gb": 1, "1c.3g.20gb": 3})
+    desired = mp.DesiredGpu(True, {"2c.3g.20gb": 1, "1c.3g.20gb": 3})
     assert mp.plan_gpu(driver.state(), desired).empty
 
 
@@ -393,7 +393,7 @@ def test_keeps_that_block_the_layout_are_dropped() -> None:
     blocking = driver.create(mig.GI_1_SLICE, 3, [(mig.CI_1_SLICE, 0)])
     harmless = driver.create(mig.GI_1_SLICE, 6, [(mig.CI_1_SLICE, 0)])
     target = {"4g.20gb": 1, "1g.5gb": 2}
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, target))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, target))
     assert plan.keep == (harmless,)
     assert [gi for gi, ci in plan.destroy if ci is None] == [blocking]
     assert layout(plan) == ["4g.20gb@0:4", "1g.5gb@5:1"]
@@ -405,7 +405,7 @@ def test_no_keep_fits_then_the_gpu_is_rebuilt() -> None:
     driver = Driver(A100)
     driver.create(mig.GI_1_SLICE, 3, [(mig.CI_1_SLICE, 0)])
     target = {"4g.20gb": 1, "2g.10gb": 1, "1g.5gb": 1}
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, target))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, target))
     assert plan.keep == ()
     driver.apply(plan)
     assert mp.current_devices(driver.state()) == target
@@ -415,7 +415,7 @@ def test_orphan_instance_is_adopted_by_creating_its_ci() -> None:
     driver = Driver(A100)
     orphan = driver.create(mig.GI_3_SLICE, 4)
     assert mp.current_devices(driver.state()) == {}
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, {"3g.20gb": 1}))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"3g.20gb": 1}))
     assert plan.keep == (orphan,)
     assert not plan.destroy
     assert plan.create_cis == ((orphan, mp.CiCreate(mig.CI_3_SLICE, 0, 3, "3g.20gb")),)
@@ -426,15 +426,15 @@ def test_orphan_instance_is_adopted_by_creating_its_ci() -> None:
 def test_orphan_instance_nobody_wants_is_destroyed() -> None:
     driver = Driver(A100)
     orphan = driver.create(mig.GI_1_SLICE, 0)
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, {"7g.40gb": 1}))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"7g.40gb": 1}))
     assert plan.destroy == ((orphan, None),)
     driver.apply(plan)
-    assert mp.plan_gpu(driver.state(), mp.Desired(True, {"7g.40gb": 1})).empty
+    assert mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"7g.40gb": 1})).empty
 
 
 def test_instance_with_unwanted_cis_is_rebuilt() -> None:
     driver = built(A100, {"1c.7g.40gb": 7})
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, {"2c.7g.40gb": 3}))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"2c.7g.40gb": 3}))
     assert plan.keep == ()
     assert plan.destroy[-1] == (0, None)
     assert [ci for gi, ci in plan.destroy[:-1]] == list(range(7))
@@ -444,7 +444,7 @@ def test_instance_with_unwanted_cis_is_rebuilt() -> None:
 
 def test_all_enabled_with_no_devices_destroys_everything() -> None:
     driver = built(A100, BALANCED)
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, {}))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {}))
     assert plan.set_mode is None
     assert len([1 for _, ci in plan.destroy if ci is None]) == 4
     driver.apply(plan)
@@ -453,7 +453,7 @@ def test_all_enabled_with_no_devices_destroys_everything() -> None:
 
 def test_destroy_lists_cis_before_gis() -> None:
     driver = built(A100, {"1c.3g.20gb": 3, "2g.10gb": 2})
-    plan = mp.plan_gpu(driver.state(), mp.Desired(True, {"7g.40gb": 1}))
+    plan = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"7g.40gb": 1}))
     kinds = [ci is None for _, ci in plan.destroy]
     assert kinds == sorted(kinds)
     assert kinds.count(False) == 5
@@ -461,7 +461,7 @@ def test_destroy_lists_cis_before_gis() -> None:
 
 # -- mode -----------------------------------------------------------------------------------------------
 def test_ampere_enable_sets_the_mode_and_resets_only_that_gpu() -> None:
-    plan = mp.plan_gpu(gpu_state(A100, mode=False), mp.Desired(True, BALANCED))
+    plan = mp.plan_gpu(gpu_state(A100, mode=False), mp.DesiredGpu(True, BALANCED))
     assert plan.set_mode is True
     assert plan.reset is True
     assert len(plan.create) == 4  # computed already, so infeasibility is known before the change
@@ -471,7 +471,7 @@ def test_ampere_enable_sets_the_mode_and_resets_only_that_gpu() -> None:
 
 
 def test_hopper_enable_needs_no_reset() -> None:
-    plan = mp.plan_gpu(gpu_state(H100, mode=False), mp.Desired(True, {"7g.80gb": 1}))
+    plan = mp.plan_gpu(gpu_state(H100, mode=False), mp.DesiredGpu(True, {"7g.80gb": 1}))
     assert plan.set_mode is True
     assert plan.reset is False
     Driver(H100, mode=False).converge({"7g.80gb": 1})
@@ -479,11 +479,11 @@ def test_hopper_enable_needs_no_reset() -> None:
 
 def test_enable_with_impossible_devices_fails_before_the_mode_changes() -> None:
     with pytest.raises(mp.Infeasible, match=r"3 x 3g\.20gb"):
-        mp.plan_gpu(gpu_state(A100, mode=False), mp.Desired(True, {"3g.20gb": 3}))
+        mp.plan_gpu(gpu_state(A100, mode=False), mp.DesiredGpu(True, {"3g.20gb": 3}))
 
 
 def test_pending_enable_only_needs_the_reset() -> None:
-    plan = mp.plan_gpu(gpu_state(A100, mode=False, pending=True), mp.Desired(True, {}))
+    plan = mp.plan_gpu(gpu_state(A100, mode=False, pending=True), mp.DesiredGpu(True, {}))
     assert plan.set_mode is None
     assert plan.reset is True
 
@@ -492,7 +492,7 @@ def test_pending_enable_only_needs_the_reset() -> None:
 def test_disable_destroys_everything_then_sets_the_mode(product: pr.Product) -> None:
     devices = {"1g.5gb": 7} if product is A100 else {"1g.10gb": 7}
     driver = built(product, devices)
-    plan = mp.plan_gpu(driver.state(processes=(11, 12)), mp.Desired(False))
+    plan = mp.plan_gpu(driver.state(processes=(11, 12)), mp.DesiredGpu(False))
     assert plan.set_mode is False
     assert plan.reset is product.mig_needs_reset
     assert len(plan.destroy) == 14
@@ -504,33 +504,33 @@ def test_disable_destroys_everything_then_sets_the_mode(product: pr.Product) -> 
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
 def test_right_mode_gets_no_mode_step_and_no_reset(enabled: bool) -> None:
-    plan = mp.plan_gpu(gpu_state(A100, mode=enabled, processes=(3,)), mp.Desired(enabled, {}))
+    plan = mp.plan_gpu(gpu_state(A100, mode=enabled, processes=(3,)), mp.DesiredGpu(enabled, {}))
     assert plan.empty
     assert plan.set_mode is None
     assert not plan.reset
 
 
 def test_mode_only_plans_just_the_mode_step() -> None:
-    plan = mp.plan_gpu(gpu_state(A100, mode=False), mp.Desired(True, BALANCED), mode_only=True)
+    plan = mp.plan_gpu(gpu_state(A100, mode=False), mp.DesiredGpu(True, BALANCED), mode_only=True)
     assert (plan.set_mode, plan.reset, plan.create) == (True, True, ())
     driver = built(A100, BALANCED)
-    assert mp.plan_gpu(driver.state(), mp.Desired(True, {"7g.40gb": 1}), mode_only=True).empty
-    disable = mp.plan_gpu(driver.state(), mp.Desired(False), mode_only=True)
+    assert mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"7g.40gb": 1}), mode_only=True).empty
+    disable = mp.plan_gpu(driver.state(), mp.DesiredGpu(False), mode_only=True)
     assert disable.set_mode is False
     assert len([1 for _, ci in disable.destroy if ci is None]) == 4
 
 
 def test_non_capable_gpu() -> None:
-    assert mp.plan_gpu(gpu_state(T4), mp.Desired(False)).empty
+    assert mp.plan_gpu(gpu_state(T4), mp.DesiredGpu(False)).empty
     with pytest.raises(mp.Infeasible, match=r"GPU 0 \(Tesla T4\): MIG is not supported"):
-        mp.plan_gpu(gpu_state(T4), mp.Desired(True, {}))
+        mp.plan_gpu(gpu_state(T4), mp.DesiredGpu(True, {}))
 
 
 # -- node level -----------------------------------------------------------------------------------------
 def test_node_plan_leaves_absent_and_converged_gpus_alone() -> None:
     converged = built(A100, BALANCED).state()
     states = [replace(converged, index=0), gpu_state(A100, 1, mode=False), gpu_state(A100, 2)]
-    plan = mp.plan_node(states, {0: mp.Desired(True, BALANCED), 1: mp.Desired(True, {"7g.40gb": 1})})
+    plan = mp.plan_node(states, {0: mp.DesiredGpu(True, BALANCED), 1: mp.DesiredGpu(True, {"7g.40gb": 1})})
     assert [g.index for g in plan.gpus] == [1]
     assert plan.gpus[0].reset
     assert not plan.empty
@@ -539,9 +539,9 @@ def test_node_plan_leaves_absent_and_converged_gpus_alone() -> None:
 def test_node_plan_raises_for_the_first_infeasible_gpu() -> None:
     states = [gpu_state(A100, i) for i in range(4)]
     desired = {
-        0: mp.Desired(True, BALANCED),
-        3: mp.Desired(True, {"2g.20gb": 1}),
-        2: mp.Desired(True, {"9g.1gb": 1}),
+        0: mp.DesiredGpu(True, BALANCED),
+        3: mp.DesiredGpu(True, {"2g.20gb": 1}),
+        2: mp.DesiredGpu(True, {"9g.1gb": 1}),
     }
     with pytest.raises(mp.Infeasible) as err:
         mp.plan_node(states, desired)
@@ -552,7 +552,11 @@ def test_node_plan_per_gpu_resolution_on_a_mixed_node() -> None:
     states = [gpu_state(A100, 0), gpu_state(A100_80, 1), gpu_state(T4, 2)]
     plan = mp.plan_node(
         states,
-        {0: mp.Desired(True, {"1g.10gb": 4}), 1: mp.Desired(True, {"1g.10gb": 7}), 2: mp.Desired(False)},
+        {
+            0: mp.DesiredGpu(True, {"1g.10gb": 4}),
+            1: mp.DesiredGpu(True, {"1g.10gb": 7}),
+            2: mp.DesiredGpu(False),
+        },
     )
     assert [len(g.create) for g in plan.gpus] == [4, 7]
     assert [g.create[0].size for g in plan.gpus] == [2, 1]  # the same name, two different profiles
@@ -560,20 +564,22 @@ def test_node_plan_per_gpu_resolution_on_a_mixed_node() -> None:
 
 def test_unknown_gpu_index() -> None:
     with pytest.raises(mp.Infeasible, match=r"GPU 5 .*no such GPU"):
-        mp.plan_node([gpu_state(A100)], {5: mp.Desired(False)})
+        mp.plan_node([gpu_state(A100)], {5: mp.DesiredGpu(False)})
 
 
 def test_describe() -> None:
     driver = Driver(A100)
     keep = driver.create(mig.GI_3_SLICE, 4, [(mig.CI_3_SLICE, 0)])
     drop = driver.create(mig.GI_1_SLICE, 0, [(mig.CI_1_SLICE, 0)])
-    plan = mp.plan_node([driver.state(processes=(99,))], {0: mp.Desired(True, {"3g.20gb": 1, "2g.10gb": 1})})
+    plan = mp.plan_node(
+        [driver.state(processes=(99,))], {0: mp.DesiredGpu(True, {"3g.20gb": 1, "2g.10gb": 1})}
+    )
     assert plan.describe() == [
         f"GPU 0: keep GI {keep} (3g.20gb @4:4); destroy GI {drop} (1g.5gb @0:1); "
         "create 2g.10gb @2:2 [CI 2g.10gb @0]; disrupts pids 99"
     ]
     assert mp.NodePlan().describe() == ["nothing to do"]
-    mode = mp.plan_gpu(gpu_state(A100, mode=False), mp.Desired(True, {"1c.2g.10gb": 2}))
+    mode = mp.plan_gpu(gpu_state(A100, mode=False), mp.DesiredGpu(True, {"1c.2g.10gb": 2}))
     assert mode.describe() == [
         "GPU 0: enable MIG; reset GPU; create 2g.10gb @4:2 [CI 1c.2g.10gb @0, CI 1c.2g.10gb @1]"
     ]
@@ -591,8 +597,8 @@ def test_current_devices_counts_cis_and_skips_empty_instances() -> None:
 
 def test_plans_are_deterministic() -> None:
     driver = built(A100, BALANCED)
-    a = mp.plan_gpu(driver.state(), mp.Desired(True, {"1g.5gb": 5, "1c.2g.10gb": 2}))
-    b = mp.plan_gpu(driver.state(), mp.Desired(True, {"1c.2g.10gb": 2, "1g.5gb": 5}))
+    a = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"1g.5gb": 5, "1c.2g.10gb": 2}))
+    b = mp.plan_gpu(driver.state(), mp.DesiredGpu(True, {"1c.2g.10gb": 2, "1g.5gb": 5}))
     assert a == b
 
 
@@ -611,7 +617,7 @@ DEFAULT_LAYOUTS = [
 
 def test_planning_eight_gpus_is_fast() -> None:
     states = [gpu_state(A100, i, mode=i % 2 == 0) for i in range(8)]
-    desired = {i: mp.Desired(True, d) for i, d in enumerate(DEFAULT_LAYOUTS)}
+    desired = {i: mp.DesiredGpu(True, d) for i, d in enumerate(DEFAULT_LAYOUTS)}
     samples = []
     for _ in range(60):
         t0 = time.perf_counter()
@@ -656,7 +662,7 @@ def test_feasibility_agrees_with_exhaustive_search_on_the_driver(product: pr.Pro
         items = [p.enum for n, p in zip(counts, profiles, strict=True) for _ in range(n)]
         expected = driver_can_hold(driver.node, items)
         try:
-            plan = mp.plan_gpu(state, mp.Desired(True, devices))
+            plan = mp.plan_gpu(state, mp.DesiredGpu(True, devices))
         except mp.Infeasible:
             assert not expected, devices
         else:
@@ -684,11 +690,11 @@ def test_every_transition_is_one_plan_the_driver_accepts(source: int) -> None:
     for target in TRANSITIONS:
         driver = built(A100, TRANSITIONS[source])
         before = driver.state()
-        plan = mp.plan_gpu(before, mp.Desired(True, target))
+        plan = mp.plan_gpu(before, mp.DesiredGpu(True, target))
         driver.apply(plan)
         after = driver.state()
         assert mp.current_devices(after) == canonical(target), (TRANSITIONS[source], target)
-        assert mp.plan_gpu(after, mp.Desired(True, target)).empty
+        assert mp.plan_gpu(after, mp.DesiredGpu(True, target)).empty
         assert plan.empty == (target == TRANSITIONS[source])
         old = {gi.id: gi for gi in before.instances}
         now = {gi.id: gi for gi in after.instances}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpunode.api.mig_config import MigEntry, parse_spec
-from gpunode.mig.selection import Desired, SelectionError, desired_per_gpu
+from gpunode.mig.selection import SelectedLayout, SelectionError, desired_per_gpu
 from helpers.migspec import A100_40, A100_80_PCIE, EXAMPLE, T4, gpu, one_config
 
 # -------------------------------------------------------------------------------- desired per GPU
@@ -28,9 +28,9 @@ def test_later_entries_override_earlier_ones() -> None:
         [gpu(0), gpu(1), gpu(2)],
     )
     assert chosen == {
-        0: Desired(True, {"1g.5gb": 7}, "mig-configs.custom[0]"),
-        1: Desired(True, {"7g.40gb": 1}, "mig-configs.custom[1]"),
-        2: Desired(False, {}, "mig-configs.custom[2]"),
+        0: SelectedLayout(True, {"1g.5gb": 7}, "mig-configs.custom[0]"),
+        1: SelectedLayout(True, {"7g.40gb": 1}, "mig-configs.custom[1]"),
+        2: SelectedLayout(False, {}, "mig-configs.custom[2]"),
     }
 
 
@@ -117,7 +117,7 @@ def test_config_matching_no_gpu_is_an_error() -> None:
 def test_entries_for_other_products_are_fine() -> None:
     spec = parse_spec(EXAMPLE, "x")
     chosen = desired_per_gpu("per-model", spec.select("per-model"), [gpu(0, A100_40)])
-    assert chosen == {0: Desired(True, {"1g.10gb": 4}, "mig-configs.per-model[1]")}
+    assert chosen == {0: SelectedLayout(True, {"1g.10gb": 4}, "mig-configs.per-model[1]")}
 
 
 def test_no_gpus_at_all() -> None:
