@@ -1,6 +1,7 @@
 """Strict, versioned YAML configuration files.
 
-``load_config(path, Model)`` reads a file with ``yaml.safe_load`` and validates it with a pydantic v2
+``load_config(path, Model)`` reads a file with the one safe YAML loader (:mod:`gpunode.common.safeyaml`:
+no aliases, bounded size, depth and node count) and validates it with a pydantic v2
 model derived from :class:`ConfigModel`. Every problem is reported at once, each as
 ``dotted.yaml.path: what is wrong``, inside a :class:`ConfigError` that the runtime maps to exit code 2.
 
@@ -22,18 +23,33 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from gpunode.common.errors import ConfigError
+from gpunode.common.safeyaml import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_BYTES_ENV,
+    MAX_DEPTH,
+    StrictSafeLoader,
+    max_config_bytes,
+    parse_yaml,
+    read_config_text,
+)
 
 __all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_BYTES_ENV",
+    "MAX_DEPTH",
     "ConfigError",
     "ConfigModel",
+    "StrictSafeLoader",
     "format_validation_error",
     "load_config",
+    "max_config_bytes",
     "parse_config_text",
+    "parse_yaml",
+    "read_config_text",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -59,34 +75,22 @@ class ConfigModel(BaseModel):
 # ---------------------------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | os.PathLike[str], model: type[M]) -> M:
-    """Read and validate the YAML file at ``path``; raise :class:`ConfigError` listing every problem."""
+def load_config(path: str | os.PathLike[str], model: type[M], *, max_bytes: int | None = None) -> M:
+    """Read and validate the YAML file at ``path``; raise :class:`ConfigError` listing every problem.
+
+    ``max_bytes``: the size limit (default :func:`max_config_bytes`: 1 MiB or ``GPUNODE_MAX_CONFIG_BYTES``).
+    """
     name = os.fspath(path)
-    return parse_config_text(read_config_text(name), name, model)
+    return parse_config_text(read_config_text(name, max_bytes=max_bytes), name, model, max_bytes=max_bytes)
 
 
-def read_config_text(path: str | os.PathLike[str]) -> str:
-    """A config file's text; :class:`ConfigError` naming the file when it cannot be read as UTF-8."""
-    name = os.fspath(path)
-    try:
-        with open(name, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise ConfigError(name, ["file not found"]) from None
-    except IsADirectoryError:
-        raise ConfigError(name, ["cannot read: is a directory"]) from None
-    except OSError as exc:
-        raise ConfigError(name, [f"cannot read: {exc.strerror or exc}"]) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(name, [f"not valid UTF-8 (byte offset {exc.start})"]) from None
-    return text
+def parse_config_text(text: str, source_name: str, model: type[M], *, max_bytes: int | None = None) -> M:
+    """Validate YAML ``text`` (named ``source_name`` in errors) as ``model``; used for reloads too.
 
-
-def parse_config_text(text: str, source_name: str, model: type[M]) -> M:
-    """Validate YAML ``text`` (named ``source_name`` in errors) as ``model``; used for reloads too."""
-    data = parse_yaml(text, source_name)
+    The text goes through :func:`parse_yaml` (no aliases, bounded depth, nodes and size), so the tree
+    serialised for pydantic below is never larger than the text itself.
+    """
+    data = parse_yaml(text, source_name, max_bytes=max_bytes)
     if data is None:  # an empty document: let the model report its required keys
         data = {}
     if not isinstance(data, dict):
@@ -97,55 +101,14 @@ def parse_config_text(text: str, source_name: str, model: type[M]) -> M:
         payload = json.dumps(data, default=json_default, allow_nan=False)
     except ValueError:
         raise ConfigError(source_name, ["values must be finite numbers (no .inf or .nan)"]) from None
+    except RecursionError:  # parse_yaml bounds the depth; never a traceback all the same
+        raise ConfigError(source_name, ["nested too deeply"]) from None
     try:
         return model.model_validate_json(payload, strict=True)
     except ValidationError as exc:
         raise ConfigError(source_name, format_validation_error(exc, model)) from None
-
-
-class _StrictSafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that rejects duplicate keys instead of silently keeping the last one."""
-
-
-def _construct_mapping_no_duplicates(loader: _StrictSafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-        except TypeError:  # unhashable key; construct_mapping reports it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"found duplicate key {key!r}",
-                key_node.start_mark,
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_StrictSafeLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping_no_duplicates,
-)
-
-
-def parse_yaml(text: str, source_name: str) -> object:
-    try:
-        return yaml.load(text, Loader=_StrictSafeLoader)  # a SafeLoader subclass: safe
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        what = " ".join(part for part in (exc.problem, exc.context) if part) or "invalid YAML"
-        if exc.problem and exc.context:
-            what = f"{exc.problem} ({exc.context})"
-        kind = "invalid YAML" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
-        raise ConfigError(source_name, [f"{kind} at {where}{what}"]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(source_name, [f"YAML syntax error: {exc}"]) from None
+    except RecursionError:
+        raise ConfigError(source_name, ["nested too deeply"]) from None
 
 
 def json_default(value: object) -> object:
@@ -186,15 +149,13 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel] | None 
 
     ``model`` (the validated class) lets unknown keys suggest the closest known key.
     """
-    problems: list[str] = []
+    problems: dict[str, None] = {}  # ordered and deduplicated in linear time (a file may hold 50,000 errors)
     for err in exc.errors(include_url=False):
         loc = tuple(err.get("loc", ()))
         path = format_loc(loc)
         message = _readable_message(err, loc, model)
-        problem = f"{path}: {message}" if path else message
-        if problem not in problems:
-            problems.append(problem)
-    return problems
+        problems[f"{path}: {message}" if path else message] = None
+    return list(problems)
 
 
 def format_loc(loc: Sequence[int | str]) -> str:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-__all__ = ["ConfigError", "UsageError", "one_line"]
+__all__ = ["MAX_PROBLEMS", "MAX_PROBLEM_CHARS", "ConfigError", "UsageError", "one_line"]
+
+MAX_PROBLEMS = 20  # problems listed per file; the rest are counted ("... and 3 more problems")
+MAX_PROBLEM_CHARS = 500  # one problem's text (a key or value of a hostile file can be a megabyte)
 
 
 class UsageError(Exception):
@@ -22,19 +25,31 @@ class ConfigError(Exception):
 
     ``path`` names the file (or the source name given to ``parse_config_text``); ``problems`` holds
     one ``"yaml.path: message"`` string per problem. ``str()`` gives one problem per line.
+    At most :data:`MAX_PROBLEMS` are kept, then one ``"... and N more problems"``; ``count`` is the
+    number found. Each is cut at :data:`MAX_PROBLEM_CHARS` characters.
     """
 
     def __init__(self, path: str | os.PathLike[str], problems: Iterable[str]) -> None:
         self.path = os.fspath(path)
-        self.problems: tuple[str, ...] = tuple(problems) or ("invalid configuration",)
+        found = [_clip(problem) for problem in problems] or ["invalid configuration"]
+        self.count = len(found)
+        if len(found) > MAX_PROBLEMS:
+            found[MAX_PROBLEMS:] = [f"... and {len(found) - MAX_PROBLEMS} more problems"]
+        self.problems: tuple[str, ...] = tuple(found)
         super().__init__(self.path, self.problems)
 
     def __str__(self) -> str:
         if len(self.problems) == 1:
             return f"{self.path}: {self.problems[0]}"
-        lines = [f"{self.path}: {len(self.problems)} problems:"]
+        lines = [f"{self.path}: {self.count} problems:"]
         lines.extend(f"  {problem}" for problem in self.problems)
         return "\n".join(lines)
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_PROBLEM_CHARS:
+        return text
+    return f"{text[:MAX_PROBLEM_CHARS]}... ({len(text) - MAX_PROBLEM_CHARS} more characters)"
 
 
 def one_line(error: BaseException | str, limit: int) -> str:
