@@ -119,6 +119,8 @@ BINARY_SUBDIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
 FIRMWARE_SUBDIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 
 Format = Literal["yaml", "json"]
+Obj = dict[str, Any]  # a CDI spec document, or a part of one, being built (JSON)
+Doc = Mapping[str, Any]  # a CDI spec document, or a part of one, being read (JSON/YAML)
 
 
 # ------------------------------------------------------------------------------------- spec model
@@ -129,8 +131,8 @@ class DeviceNode:
     path: str  # inside the container
     host_path: str | None = None  # None: the same as path
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path}
+    def to_dict(self) -> Obj:
+        out: Obj = {"path": self.path}
         if self.host_path is not None and self.host_path != self.path:
             out["hostPath"] = self.host_path
         return out
@@ -142,7 +144,7 @@ class Mount:
     container_path: str
     options: tuple[str, ...] = MOUNT_OPTIONS
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Obj:
         return {
             "hostPath": self.host_path,
             "containerPath": self.container_path,
@@ -156,8 +158,8 @@ class Hook:
     path: str
     args: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"hookName": self.hook_name, "path": self.path}
+    def to_dict(self) -> Obj:
+        out: Obj = {"hookName": self.hook_name, "path": self.path}
         if self.args:
             out["args"] = list(self.args)
         return out
@@ -170,9 +172,9 @@ class ContainerEdits:
     mounts: tuple[Mount, ...] = ()
     hooks: tuple[Hook, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Obj:
         """Only the non-empty fields, in the spec's field order."""
-        out: dict[str, Any] = {}
+        out: Obj = {}
         if self.env:
             out["env"] = list(self.env)
         if self.device_nodes:
@@ -201,9 +203,9 @@ class Spec:
         """Fully qualified device names: ``nvidia.com/gpu=0``, ..."""
         return [f"{self.kind}={d.name}" for d in self.devices]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Obj:
         """The document, ``cdiVersion`` first, stamped with the minimum version its content needs."""
-        body: dict[str, Any] = {
+        body: Obj = {
             "kind": self.kind,
             "devices": [{"name": d.name, "containerEdits": d.edits.to_dict()} for d in self.devices],
         }
@@ -220,34 +222,34 @@ def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split("."))
 
 
-def _all_edits(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _all_edits(spec: Doc) -> list[Doc]:
     edits = [d.get("containerEdits") or {} for d in spec.get("devices") or ()]
     edits.append(spec.get("containerEdits") or {})
     return edits
 
 
-def _any_edit(spec: Mapping[str, Any], test: Callable[[Mapping[str, Any]], bool]) -> bool:
+def _any_edit(spec: Doc, test: Callable[[Doc], bool]) -> bool:
     return any(test(e) for e in _all_edits(spec))
 
 
-def _uses_annotations(spec: Mapping[str, Any]) -> bool:
+def _uses_annotations(spec: Doc) -> bool:
     return bool(spec.get("annotations")) or any(d.get("annotations") for d in spec.get("devices") or ())
 
 
-def _dotted_class(spec: Mapping[str, Any]) -> bool:
+def _dotted_class(spec: Doc) -> bool:
     kind = str(spec.get("kind", ""))
     return "/" in kind and "." in kind.split("/", 1)[1]
 
 
-def _digit_first_name(spec: Mapping[str, Any]) -> bool:
+def _digit_first_name(spec: Doc) -> bool:
     return any(str(d.get("name", "a"))[:1].isdigit() for d in spec.get("devices") or ())
 
 
-def _node_host_path(edits: Mapping[str, Any]) -> bool:
+def _node_host_path(edits: Doc) -> bool:
     return any(n.get("hostPath") for n in edits.get("deviceNodes") or ())
 
 
-def _mount_type(edits: Mapping[str, Any]) -> bool:
+def _mount_type(edits: Doc) -> bool:
     return any(m.get("type") for m in edits.get("mounts") or ())
 
 
@@ -256,7 +258,7 @@ def _mount_type(edits: Mapping[str, Any]) -> bool:
 #: ``deviceNodes[].hostPath`` and allowed device names that start with a digit; 0.6.0 added
 #: ``annotations`` (spec and device) and dots in the class part of ``kind``; 0.7.0 added ``intelRdt``
 #: and ``additionalGids``; 1.1.0 added ``netDevices``. (0.8.0 and 1.0.0 changed only the Go API.)
-VERSION_RULES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool]], ...] = (
+VERSION_RULES: tuple[tuple[str, str, Callable[[Doc], bool]], ...] = (
     ("0.4.0", "mounts[].type", lambda s: _any_edit(s, _mount_type)),
     ("0.5.0", "deviceNodes[].hostPath", lambda s: _any_edit(s, _node_host_path)),
     ("0.5.0", "a device name starting with a digit", _digit_first_name),
@@ -272,7 +274,7 @@ VERSION_RULES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool]], ...] 
 )
 
 
-def minimum_version(spec: Mapping[str, Any]) -> str:
+def minimum_version(spec: Doc) -> str:
     """The lowest ``cdiVersion`` that can hold ``spec`` (a spec document, with or without cdiVersion)."""
     needed = BASE_VERSION
     for version, _, test in VERSION_RULES:
@@ -477,7 +479,7 @@ def format_for(path: str | None, fmt: str | None) -> Format:
     return "json" if path and path.lower().endswith(".json") else "yaml"
 
 
-def render(spec: Spec | Mapping[str, Any], fmt: Format = "yaml") -> str:
+def render(spec: Spec | Doc, fmt: Format = "yaml") -> str:
     """The spec as text (deterministic: built in a fixed order, no timestamps)."""
     doc = spec.to_dict() if isinstance(spec, Spec) else dict(spec)
     if fmt == "json":
@@ -497,7 +499,7 @@ def render(spec: Spec | Mapping[str, Any], fmt: Format = "yaml") -> str:
     return "---\n" + text
 
 
-def load_spec(path: Path) -> dict[str, Any]:
+def load_spec(path: Path) -> Obj:
     """A spec file (YAML or JSON); ``ValueError`` when it is not a mapping with ``kind`` and ``devices``."""
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".json":

@@ -69,7 +69,7 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 from tomlkit.container import Container
-from tomlkit.items import AoT, Table
+from tomlkit.items import AoT, Item, Key, Table
 
 from gpunode.common.atomic import atomic_write, atomic_write_json, fsync_dir
 from gpunode.common.errors import ConfigError
@@ -139,6 +139,10 @@ class RevertError(Exception):
     """A revert cannot restore the recorded state safely (nothing was changed)."""
 
 
+Doc = Mapping[str, Any]  # a TOML document or table as plain Python values
+Obj = dict[str, Any]  # one being built (TOML), or the JSON state record
+Toml = Any  # a tomlkit container or item, or the plain value one unwraps to: typed only at run time
+
 # ------------------------------------------------------------------------------------ options
 
 
@@ -191,12 +195,12 @@ def parse_toml(text: str, source: str) -> tomlkit.TOMLDocument:
         raise ConfigError(source, [f"line {exc.line}, column {exc.col}: invalid TOML: {message}"]) from None
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     unwrap = getattr(value, "unwrap", None)
     return unwrap() if callable(unwrap) else value
 
 
-def _get(tree: Any, path: Sequence[str]) -> Any:
+def _get(tree: Toml, path: Sequence[str]) -> Toml:
     node = tree
     for part in path:
         if not isinstance(node, Mapping) or part not in node:
@@ -205,7 +209,7 @@ def _get(tree: Any, path: Sequence[str]) -> Any:
     return node
 
 
-def containerd_version(doc: Mapping[str, Any], source: str = "<config>") -> int:
+def containerd_version(doc: Doc, source: str = "<config>") -> int:
     """The file's ``version`` (absent: 1); :class:`ConfigError` for a version we do not know."""
     version = _plain(doc.get("version", 1))
     if isinstance(version, bool) or not isinstance(version, int) or version not in CRI_PLUGIN:
@@ -213,7 +217,7 @@ def containerd_version(doc: Mapping[str, Any], source: str = "<config>") -> int:
     return version
 
 
-def _has_keys(doc: Mapping[str, Any]) -> bool:
+def _has_keys(doc: Doc) -> bool:
     return len(doc) > 0
 
 
@@ -240,7 +244,7 @@ def nvidia_handlers_present(
     return found
 
 
-def _handler_tables(config_text: str, runtime: str) -> Mapping[str, Any]:
+def _handler_tables(config_text: str, runtime: str) -> Doc:
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; the choices are: {', '.join(RUNTIMES)}")
     doc = parse_toml(config_text, "<config>").unwrap()
@@ -276,11 +280,9 @@ def imports_cover(imports: Sequence[str], path: str, config_dir: str) -> bool:
 # ------------------------------------------------------------------------------------ editing
 
 
-def _runtime_entry(
-    base: Mapping[str, Any] | None, handler: Handler, opts: ConfigureOptions, version: int
-) -> Any:
+def _runtime_entry(base: Doc | None, handler: Handler, opts: ConfigureOptions, version: int) -> Obj:
     """The desired handler table: a copy of ``base`` (runc/crun) with our type and binary."""
-    table: dict[str, Any] = copy.deepcopy(dict(base)) if isinstance(base, Mapping) else {}
+    table: Obj = copy.deepcopy(dict(base)) if isinstance(base, Mapping) else {}
     if opts.runtime == CRIO:
         table.pop("runtime_path", None)
         table["runtime_path"] = handler.path
@@ -296,7 +298,7 @@ def _runtime_entry(
     return table
 
 
-def _base_runtime(runtimes: Any, default_name: Any, ours: Sequence[str]) -> Mapping[str, Any] | None:
+def _base_runtime(runtimes: object, default_name: object, ours: Sequence[str]) -> Doc | None:
     if not isinstance(runtimes, Mapping):
         return None
     for name in (default_name, "runc", "crun"):
@@ -309,11 +311,11 @@ def _base_runtime(runtimes: Any, default_name: Any, ours: Sequence[str]) -> Mapp
 class _Edits:
     """Desired changes below one root table: ``sets`` (merged recursively) and ``deletes``."""
 
-    sets: list[tuple[tuple[str, ...], Any]] = field(default_factory=list)
+    sets: list[tuple[tuple[str, ...], object]] = field(default_factory=list)
     deletes: list[tuple[str, ...]] = field(default_factory=list)
 
 
-def _section_edits(section: Mapping[str, Any], opts: ConfigureOptions, version: int) -> _Edits:
+def _section_edits(section: Doc, opts: ConfigureOptions, version: int) -> _Edits:
     """Edits relative to the CRI plugin table (containerd) or ``crio.runtime`` (CRI-O)."""
     edits = _Edits()
     ours = [h.name for h in opts.handlers]
@@ -338,7 +340,7 @@ def _section_edits(section: Mapping[str, Any], opts: ConfigureOptions, version: 
     return edits
 
 
-def _apply_plain(tree: dict[str, Any], edits: _Edits) -> None:
+def _apply_plain(tree: Obj, edits: _Edits) -> None:
     for path, value in edits.sets:
         node = tree
         for part in path[:-1]:
@@ -353,7 +355,7 @@ def _apply_plain(tree: dict[str, Any], edits: _Edits) -> None:
             parent.pop(path[-1], None)
 
 
-def _merge_plain(node: dict[str, Any], key: str, value: Any) -> None:
+def _merge_plain(node: Obj, key: str, value: object) -> None:
     if isinstance(value, dict) and isinstance(node.get(key), dict):
         for sub_key, sub_value in value.items():
             _merge_plain(node[key], sub_key, sub_value)
@@ -364,7 +366,7 @@ def _merge_plain(node: dict[str, Any], key: str, value: Any) -> None:
 # tomlkit, format-preserving --------------------------------------------------------------------
 
 
-def _body(table: Any) -> list[tuple[Any, Any]]:
+def _body(table: object) -> list[tuple[Key | None, Item]]:
     if isinstance(table, Table):
         return list(table.value.body)
     if isinstance(table, Container):
@@ -372,7 +374,7 @@ def _body(table: Any) -> list[tuple[Any, Any]]:
     return []
 
 
-def _key_indent(table: Any) -> str | None:
+def _key_indent(table: object) -> str | None:
     for key, item in _body(table):
         if key is not None and not isinstance(item, Table | AoT):
             indent = getattr(getattr(item, "trivia", None), "indent", None)
@@ -380,21 +382,21 @@ def _key_indent(table: Any) -> str | None:
     return None
 
 
-def _child_table_indent(table: Any) -> str | None:
+def _child_table_indent(table: object) -> str | None:
     for key, item in _body(table):
         if key is not None and isinstance(item, Table) and not item.is_super_table():
             return str(item.trivia.indent)
     return None
 
 
-def _new_item(value: Any, indent: str) -> Any:
+def _new_item(value: object, indent: str) -> Item:
     item = tomlkit.item(value)
     if indent:
         item.trivia.indent = indent
     return item
 
 
-def _new_table(value: Mapping[str, Any], header: str, keys: str) -> Table:
+def _new_table(value: Doc, header: str, keys: str) -> Table:
     """A table whose header and keys carry these absolute indents (children added before the
     header indent is set, so tomlkit does not prefix them with it)."""
     table = tomlkit.table()
@@ -408,7 +410,7 @@ def _new_table(value: Mapping[str, Any], header: str, keys: str) -> Table:
     return table
 
 
-def _relative(indent: str, parent: Any) -> str:
+def _relative(indent: str, parent: object) -> str:
     """tomlkit prefixes an item appended to an indented table with the table's indent: undo that."""
     if not isinstance(parent, Table):
         return indent
@@ -417,7 +419,7 @@ def _relative(indent: str, parent: Any) -> str:
     return indent[len(prefix) :] if prefix and indent.startswith(prefix) else indent
 
 
-def _table_style(parent: Any) -> tuple[str, str]:
+def _table_style(parent: object) -> tuple[str, str]:
     """(header indent, key indent) for a new table inside ``parent``, copied from its neighbours."""
     for key, item in _body(parent):
         if key is not None and isinstance(item, Table) and not item.is_super_table():
@@ -432,7 +434,7 @@ def _table_style(parent: Any) -> tuple[str, str]:
     return "", ""
 
 
-def _set_styled(container: Any, key: str, value: Any) -> bool:
+def _set_styled(container: Toml, key: str, value: object) -> bool:
     """Make ``container[key]`` hold ``value``, merging tables; True when something changed."""
     if key in container:
         current = container[key]
@@ -465,7 +467,7 @@ def _set_styled(container: Any, key: str, value: Any) -> bool:
     return True
 
 
-def _ensure_table(container: Any, key: str) -> Any:
+def _ensure_table(container: Toml, key: str) -> Toml:
     if key in container and isinstance(_plain(container[key]), Mapping):
         return container[key]
     if key in container:
@@ -478,7 +480,7 @@ def _ensure_table(container: Any, key: str) -> Any:
 def _apply_doc(doc: tomlkit.TOMLDocument, root: Sequence[str], edits: _Edits) -> bool:
     changed = False
     for path, value in edits.sets:
-        node: Any = doc
+        node: Toml = doc
         full = (*root, *path)
         for part in full[:-1]:
             if part not in node or not isinstance(_plain(node[part]), Mapping):
@@ -583,7 +585,7 @@ def render_containerd(main_text: str | None, opts: ConfigureOptions, *, source: 
 
     assert opts.drop_in is not None
     # the drop-in: a copy of the whole CRI section (containerd < 2.1 replaces plugin tables on import)
-    copied: dict[str, Any] = copy.deepcopy(dict(section))
+    copied: Obj = copy.deepcopy(dict(section))
     _apply_plain(copied, edits)
     drop_in_doc = tomlkit.document()
     drop_in_doc["version"] = version
@@ -626,7 +628,7 @@ def render_crio(main_text: str | None, opts: ConfigureOptions, *, source: str = 
         text = tomlkit.dumps(doc) if changed else (main_text or "")
         _verify(text, source, opts, 0)
         return Rendered(main=text if changed else main_text, drop_in=None, notes=tuple(notes))
-    plain: dict[str, Any] = {}
+    plain: Obj = {}
     # CRI-O merges drop-ins key by key: the drop-in holds only what we set (deletes act on crio.conf,
     # which we do not touch, so a default pointing at our handler there is left alone).
     _apply_plain(plain, _Edits(sets=edits.sets))
@@ -676,7 +678,7 @@ class Plan:
 
     changes: tuple[FileChange, ...]
     state_file: Path
-    state: dict[str, Any] | None  # the record to write; None: remove it
+    state: Obj | None  # the record to write; None: remove it
     make_dirs: tuple[Path, ...] = ()
     remove_dirs: tuple[Path, ...] = ()
     notes: tuple[str, ...] = ()
@@ -734,7 +736,7 @@ def _sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def load_state(path: Path) -> dict[str, Any] | None:
+def load_state(path: Path) -> Obj | None:
     """The revert record, or None when there is none; :class:`ConfigError` when unreadable."""
     data = read_file(path)
     if data is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, cast
 
 from gpunode.common.errors import UsageError
 from gpunode.common.settings import CommonSettings, group, setting
@@ -180,65 +180,89 @@ CRIO = _RuntimeDefaults(
 )
 
 
-def _runtime(d: _RuntimeDefaults) -> Any:
+# The flags whose defaults or env vars differ by runtime, declared once each (cast: setting() returns
+# the dataclass field that stands for the value).
+
+
+def _runtime(d: _RuntimeDefaults) -> str:
     # Always given (runtime_of insists before parsing); the default only types the field.
-    return setting(
-        "--runtime",
-        env="RUNTIME",
-        choices=RUNTIMES,
-        default=d.runtime,
-        default_help="",
-        help="the container runtime",
+    return cast(
+        str,
+        setting(
+            "--runtime",
+            env="RUNTIME",
+            choices=RUNTIMES,
+            default=d.runtime,
+            default_help="",
+            help="the container runtime",
+        ),
     )
 
 
-def _config(d: _RuntimeDefaults) -> Any:
-    return setting("--config", env=d.config_envs, default=d.config, metavar="FILE", help="its main config")
-
-
-def _drop_in(d: _RuntimeDefaults) -> Any:
-    return setting(
-        "--drop-in-config",
-        env="RUNTIME_DROP_IN_CONFIG",
-        default=d.drop_in,
-        metavar="FILE",
-        help="where our settings go ('' or none: edit --config in place; containerd v1 always is)",
+def _config(d: _RuntimeDefaults) -> str:
+    return cast(
+        str, setting("--config", env=d.config_envs, default=d.config, metavar="FILE", help="its main config")
     )
 
 
-def _socket(d: _RuntimeDefaults) -> Any:
-    return setting("--socket", env=d.socket_envs, default=d.socket, metavar="SOCK", help="to find its pid")
-
-
-def _set_as_default(d: _RuntimeDefaults) -> Any:
-    return setting(
-        "--set-as-default",
-        env=d.default_envs,
-        type=bool,
-        default=False,
-        help="make the nvidia handler the default runtime",
+def _drop_in(d: _RuntimeDefaults) -> str:
+    return cast(
+        str,
+        setting(
+            "--drop-in-config",
+            env="RUNTIME_DROP_IN_CONFIG",
+            default=d.drop_in,
+            metavar="FILE",
+            help="where our settings go ('' or none: edit --config in place; containerd v1 always is)",
+        ),
     )
 
 
-def _restart_mode(d: _RuntimeDefaults) -> Any:
-    return setting(
-        "--restart-mode",
-        env="RUNTIME_RESTART_MODE",
-        choices=("signal", "systemd", "none"),
-        default=d.restart_mode,
-        metavar="MODE",
-        help="signal | systemd | none; only when something changed",
+def _socket(d: _RuntimeDefaults) -> str:
+    return cast(
+        str, setting("--socket", env=d.socket_envs, default=d.socket, metavar="SOCK", help="to find its pid")
     )
 
 
-def _systemd_unit(d: _RuntimeDefaults) -> Any:
-    return setting(
-        "--systemd-unit", env="RUNTIME_SYSTEMD_UNIT", default=d.runtime, metavar="UNIT", help="unit"
+def _set_as_default(d: _RuntimeDefaults) -> bool:
+    return cast(
+        bool,
+        setting(
+            "--set-as-default",
+            env=d.default_envs,
+            type=bool,
+            default=False,
+            help="make the nvidia handler the default runtime",
+        ),
     )
 
 
-def _runtime_path(option: str, env: str, suffix: str) -> Any:
-    return setting(option, env=env, default=f"{TOOLKIT_DIR}/nvidia-container-runtime{suffix}", metavar="PATH")
+def _restart_mode(d: _RuntimeDefaults) -> str:
+    return cast(
+        str,
+        setting(
+            "--restart-mode",
+            env="RUNTIME_RESTART_MODE",
+            choices=("signal", "systemd", "none"),
+            default=d.restart_mode,
+            metavar="MODE",
+            help="signal | systemd | none; only when something changed",
+        ),
+    )
+
+
+def _systemd_unit(d: _RuntimeDefaults) -> str:
+    return cast(
+        str,
+        setting("--systemd-unit", env="RUNTIME_SYSTEMD_UNIT", default=d.runtime, metavar="UNIT", help="unit"),
+    )
+
+
+def _runtime_path(option: str, env: str, suffix: str) -> str:
+    return cast(
+        str,
+        setting(option, env=env, default=f"{TOOLKIT_DIR}/nvidia-container-runtime{suffix}", metavar="PATH"),
+    )
 
 
 def spec_dirs(raw: str) -> tuple[str, ...]:
