@@ -43,8 +43,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from gpunode.common.errors import UsageError
+from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.logging import get_logger
+from gpunode.common.safeyaml import parse_yaml, read_config_text
 from gpunode.kube.api import (
     NODE_FEATURE_GROUP,
     KubeConflict,
@@ -77,7 +78,7 @@ def load_kubeconfig(path: str | None, *, service_account: str = SERVICE_ACCOUNT_
         for candidate in candidates:
             if Path(candidate).expanduser().is_file():
                 try:
-                    return KubeConfig.from_file(candidate)
+                    return _kubeconfig_from_file(candidate)
                 except (LightkubeConfigError, KeyError, TypeError, ValueError) as exc:
                     raise UsageError(f"kubeconfig {candidate} is not usable: {exc}") from None
         raise UsageError(f"kubeconfig {path} not found (from --kubeconfig or KUBECONFIG)")
@@ -88,6 +89,20 @@ def load_kubeconfig(path: str | None, *, service_account: str = SERVICE_ACCOUNT_
             "no Kubernetes credentials: not in a pod with a service account "
             f"({exc}) and neither --kubeconfig nor KUBECONFIG is set"
         ) from None
+
+
+def _kubeconfig_from_file(candidate: str) -> KubeConfig:
+    """``KubeConfig.from_file`` through the one safe YAML loader (size, depth and alias limits); a bad
+    file is a :class:`UsageError` giving the position and kind of error only: a kubeconfig holds tokens,
+    and PyYAML's own message quotes the lines around the error."""
+    path = Path(candidate).expanduser()
+    try:
+        data = parse_yaml(read_config_text(path), candidate, redact=True)
+    except ConfigError as exc:
+        raise UsageError(f"kubeconfig {candidate} is not usable: {'; '.join(exc.problems)}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"kubeconfig {candidate} is not usable: not a mapping of keys to values")
+    return KubeConfig.from_dict(data, fname=path)
 
 
 # -- the client ------------------------------------------------------------------------------------------
