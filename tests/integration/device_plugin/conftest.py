@@ -121,7 +121,7 @@ async def start_plugin(tmp_path: Path, kubelet: FakeKubelet) -> AsyncIterator[St
         policy: XidPolicy | None = None,
         register: bool = True,
         wait: str | None = "nvidia.com/gpu",
-        prepare: Callable[[sim.NodeState], None] | None = None,
+        prepare: Callable[[sim.SimNodeState], None] | None = None,
         host: HostPaths | None = None,
         nvml_retry_interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,

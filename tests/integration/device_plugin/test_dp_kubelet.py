@@ -329,7 +329,7 @@ async def test_sighup_style_reload_renames_the_resource(start_plugin: Starter, k
 
 
 def _enable_mig_and_create(state: object, gpu: int, enum: int, count: int) -> None:
-    st = state  # NodeState
+    st = state  # SimNodeState
     ret, _ = st.set_mig_mode(gpu, 1)  # type: ignore[attr-defined]
     assert ret == 0
     st.reset_gpu(gpu)  # type: ignore[attr-defined]

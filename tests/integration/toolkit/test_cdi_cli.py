@@ -133,7 +133,7 @@ def make_state(tmp_path: Path, case: str) -> Path:
         sim.init_state_file(state, case, force=True)
     preset = sim.read_state_file(state).preset
     with sim.SimNode.open(state).mutate() as st:
-        st.node_id = sim.NodeState.new(preset).node_id
+        st.node_id = sim.SimNodeState.new(preset).node_id
     return state
 
 

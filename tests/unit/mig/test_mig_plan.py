@@ -22,7 +22,7 @@ from gpunode.nvml import mig
 from gpunode.nvml.api import CiProfile, GiProfile, Placement
 from gpunode.sim.nvml import codes
 from gpunode.sim.nvml import presets as pr
-from gpunode.sim.nvml.state import NodeState
+from gpunode.sim.nvml.state import SimNodeState
 
 A100 = pr.A100_SXM4_40GB
 A100_80 = pr.A100_SXM4_80GB
@@ -98,7 +98,7 @@ class Driver:
 
     def __init__(self, product: pr.Product, *, mode: bool = True) -> None:
         self.product = product
-        self.node = NodeState.new(PRESET_OF[product.key])
+        self.node = SimNodeState.new(PRESET_OF[product.key])
         self.node.gpus[0].mig_current = self.node.gpus[0].mig_pending = int(mode)
         self.profiles = {p.enum: p for p in gi_profiles(product)}
 
@@ -628,7 +628,7 @@ def test_planning_eight_gpus_is_fast() -> None:
 
 
 # -- exactness ------------------------------------------------------------------------------------------
-def driver_can_hold(node: NodeState, items: list[int], low: int = -1) -> bool:
+def driver_can_hold(node: SimNodeState, items: list[int], low: int = -1) -> bool:
     """Exhaustive search with the simulated driver's own rules: can GIs of these enums coexist?"""
     if not items:
         return True

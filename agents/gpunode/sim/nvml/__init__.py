@@ -16,13 +16,13 @@ from pathlib import Path
 from gpunode.sim.nvml.lib import FakeNvmlLib, StrictModeViolation
 from gpunode.sim.nvml.node import SimNode, init_state_file, read_state_file
 from gpunode.sim.nvml.presets import PRESETS, UnknownPreset, get_preset, preset_names
-from gpunode.sim.nvml.state import NodeState, StateError
+from gpunode.sim.nvml.state import SimNodeState, StateError
 
 __all__ = [
     "PRESETS",
     "FakeNvmlLib",
-    "NodeState",
     "SimNode",
+    "SimNodeState",
     "StateError",
     "StrictModeViolation",
     "UnknownPreset",
@@ -47,7 +47,7 @@ def open_node(
     if state is None:
         if preset is None:
             raise ValueError("open_node needs a preset or a state file")
-        return SimNode(NodeState.new(preset, seed=seed, now=clock()), None, clock)
+        return SimNode(SimNodeState.new(preset, seed=seed, now=clock()), None, clock)
     path = Path(state)
     if not path.exists():
         if preset is None:

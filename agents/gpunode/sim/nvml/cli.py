@@ -13,7 +13,7 @@ from gpunode.nvml import mig
 from gpunode.sim.nvml import codes
 from gpunode.sim.nvml.node import SimNode, init_state_file
 from gpunode.sim.nvml.presets import PRESETS, UnknownPreset, get_preset, preset_names
-from gpunode.sim.nvml.state import ALL, INIT_FAULTS, NodeState, StateError
+from gpunode.sim.nvml.state import ALL, INIT_FAULTS, SimNodeState, StateError
 
 MIB = 1 << 20
 
@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--stop", action="store_true", help="stop the process instead")
 
 
-def _check_gpu(state: NodeState, gpu: int) -> None:
+def _check_gpu(state: SimNodeState, gpu: int) -> None:
     if not 0 <= gpu < len(state.gpus):
         raise UsageError(f"no GPU with index {gpu}: preset {state.preset} has GPUs 0-{len(state.gpus) - 1}")
 
@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _proc(st: NodeState, gpu: int, args: argparse.Namespace) -> str:
+def _proc(st: SimNodeState, gpu: int, args: argparse.Namespace) -> str:
     from gpunode.sim.nvml.state import ProcessState
 
     procs = st.gpus[gpu].processes
@@ -158,14 +158,14 @@ def _proc(st: NodeState, gpu: int, args: argparse.Namespace) -> str:
     return f"process {args.pid} started on GPU {gpu}"
 
 
-def gi_name(state: NodeState, gpu: int, enum: int) -> str:
+def gi_name(state: SimNodeState, gpu: int, enum: int) -> str:
     product = state.product(gpu)
     spec = product.gi_profile(enum)
     assert spec is not None
     return mig.gi_profile_name(enum, product.memory_mib * MIB, spec.memory_mib)
 
 
-def render(state: NodeState) -> str:
+def render(state: SimNodeState) -> str:
     preset = state.spec
     lines = [f"simulated node: {preset.name} ({preset.description}); driver {preset.driver_version}"]
     if state.init_fault:

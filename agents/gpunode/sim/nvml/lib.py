@@ -34,7 +34,7 @@ from gpunode.sim.nvml.state import (
     CiState,
     Event,
     GiState,
-    NodeState,
+    SimNodeState,
     StateError,
     telemetry,
 )
@@ -424,7 +424,7 @@ class FakeNvmlLib:
         _out(p).value = value
         return codes.SUCCESS
 
-    def _state(self) -> NodeState | int:
+    def _state(self) -> SimNodeState | int:
         """The fresh node state, or an error code when the library is not usable."""
         if self.init_count <= 0:
             return codes.UNINITIALIZED
@@ -443,7 +443,7 @@ class FakeNvmlLib:
 
         return call
 
-    def _resolve_device(self, st: NodeState, handle: Any, mig_ok: bool) -> tuple[Any, ...] | int:
+    def _resolve_device(self, st: SimNodeState, handle: Any, mig_ok: bool) -> tuple[Any, ...] | int:
         key = self._key(handle)
         if key is None or key[0] not in (DEV, MIGDEV):
             return codes.INVALID_ARGUMENT
@@ -490,7 +490,7 @@ class FakeNvmlLib:
     def _apply(
         self,
         fn: Callable[..., int],
-        st: NodeState,
+        st: SimNodeState,
         key: tuple[Any, ...],
         args: tuple[Any, ...],
         mutates: bool,
@@ -508,7 +508,7 @@ class FakeNvmlLib:
             return abort.code
 
     def _gi_call(self, fn: Callable[..., int], mutates: bool = False) -> Callable[..., int]:
-        def checked(st: NodeState, key: tuple[Any, ...], *args: Any) -> int:
+        def checked(st: SimNodeState, key: tuple[Any, ...], *args: Any) -> int:
             gi = st.find_gi(key[1], key[2])
             if gi is None:
                 return codes.INVALID_ARGUMENT
@@ -517,7 +517,7 @@ class FakeNvmlLib:
         return self._instance_call(GI, checked, mutates)
 
     def _ci_call(self, fn: Callable[..., int], mutates: bool = False) -> Callable[..., int]:
-        def checked(st: NodeState, key: tuple[Any, ...], *args: Any) -> int:
+        def checked(st: SimNodeState, key: tuple[Any, ...], *args: Any) -> int:
             gi = st.find_gi(key[1], key[2])
             ci = next((c for c in gi.cis if c.id == key[3]), None) if gi else None
             if gi is None or ci is None:
@@ -546,7 +546,7 @@ class FakeNvmlLib:
             return codes.SUCCESS
 
     # -- identity --------------------------------------------------------------------------------------
-    def _handle_by_index(self, st: NodeState, index: Any, out: Any) -> int:
+    def _handle_by_index(self, st: SimNodeState, index: Any, out: Any) -> int:
         i = _val(index)
         if not 0 <= i < len(st.gpus):
             return codes.INVALID_ARGUMENT
@@ -555,7 +555,7 @@ class FakeNvmlLib:
         self._write_handle(out, (DEV, i))
         return codes.SUCCESS
 
-    def _handle_by_uuid(self, st: NodeState, uuid: Any, out: Any) -> int:
+    def _handle_by_uuid(self, st: SimNodeState, uuid: Any, out: Any) -> int:
         text = _text(uuid)
         for i in range(len(st.gpus)):
             if st.gpu_uuid(i) == text:
@@ -569,7 +569,7 @@ class FakeNvmlLib:
                     return codes.SUCCESS
         return codes.NOT_FOUND
 
-    def _handle_by_bus_id(self, st: NodeState, bus_id: Any, out: Any) -> int:
+    def _handle_by_bus_id(self, st: SimNodeState, bus_id: Any, out: Any) -> int:
         text = _text(bus_id).lower()
         for i in range(len(st.gpus)):
             full = self._bus_id(st, i).lower()
@@ -581,24 +581,24 @@ class FakeNvmlLib:
         return codes.NOT_FOUND
 
     @staticmethod
-    def _bus_id(st: NodeState, gpu: int) -> str:
+    def _bus_id(st: SimNodeState, gpu: int) -> str:
         return f"00000000:{st.spec.gpus[gpu].bus:02X}:00.0"
 
-    def _mig_lookup(self, st: NodeState, key: tuple[Any, ...]) -> tuple[GiState, CiState] | None:
+    def _mig_lookup(self, st: SimNodeState, key: tuple[Any, ...]) -> tuple[GiState, CiState] | None:
         gi = st.find_gi(key[1], key[2])
         if gi is None or st.gpus[key[1]].mig_current != 1:
             return None
         ci = next((c for c in gi.cis if c.id == key[3]), None)
         return None if ci is None else (gi, ci)
 
-    def _mig_profile_name(self, st: NodeState, gpu: int, gi: GiState, ci: CiState) -> str:
+    def _mig_profile_name(self, st: SimNodeState, gpu: int, gi: GiState, ci: CiState) -> str:
         product = st.product(gpu)
         spec = product.gi_profile(gi.profile)
         assert spec is not None
         gi_name = mig.gi_profile_name(gi.profile, product.memory_mib * MIB, spec.memory_mib)
         return mig.ci_profile_name(gi_name, ci.size)
 
-    def _name(self, st: NodeState, key: tuple[Any, ...], buf: Any, n: Any) -> int:
+    def _name(self, st: SimNodeState, key: tuple[Any, ...], buf: Any, n: Any) -> int:
         product = st.product(key[1])
         if key[0] == MIGDEV:
             found = self._mig_lookup(st, key)
@@ -606,12 +606,12 @@ class FakeNvmlLib:
             return _put_str(buf, n, f"{product.name} MIG {self._mig_profile_name(st, key[1], *found)}")
         return _put_str(buf, n, product.name)
 
-    def _uuid(self, st: NodeState, key: tuple[Any, ...], buf: Any, n: Any) -> int:
+    def _uuid(self, st: SimNodeState, key: tuple[Any, ...], buf: Any, n: Any) -> int:
         if key[0] == MIGDEV:
             return _put_str(buf, n, st.mig_uuid(key[1], key[2], key[3]))
         return _put_str(buf, n, st.gpu_uuid(key[1]))
 
-    def _pci_info(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _pci_info(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         info = _out(p)
         product = st.product(key[1])
         bus = st.spec.gpus[key[1]].bus
@@ -624,7 +624,7 @@ class FakeNvmlLib:
         info.pciSubSystemId = product.pci_subsystem_id
         return codes.SUCCESS
 
-    def _memory(self, st: NodeState, key: tuple[Any, ...]) -> tuple[int, int, int]:
+    def _memory(self, st: SimNodeState, key: tuple[Any, ...]) -> tuple[int, int, int]:
         """(total, reserved, used) in bytes."""
         gpu = key[1]
         product = st.product(gpu)
@@ -640,13 +640,13 @@ class FakeNvmlLib:
         reserved = (product.memory_mib // 160) * MIB  # the driver keeps a slice for itself
         return total, reserved, sum(p.used_mib for p in procs) * MIB
 
-    def _memory_v1(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _memory_v1(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         total, reserved, used = self._memory(st, key)
         mem = _out(p)
         mem.total, mem.used, mem.free = total, used + reserved, total - used - reserved
         return codes.SUCCESS
 
-    def _memory_v2(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _memory_v2(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         mem = _out(p)
         if mem.version != MEMORY_V2:
             return codes.ARGUMENT_VERSION_MISMATCH
@@ -654,12 +654,12 @@ class FakeNvmlLib:
         mem.total, mem.reserved, mem.used, mem.free = total, reserved, used, total - used - reserved
         return codes.SUCCESS
 
-    def _cc(self, st: NodeState, key: tuple[Any, ...], major: Any, minor: Any) -> int:
+    def _cc(self, st: SimNodeState, key: tuple[Any, ...], major: Any, minor: Any) -> int:
         cc = st.product(key[1]).cc
         _out(major).value, _out(minor).value = cc
         return codes.SUCCESS
 
-    def _attributes(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _attributes(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         a = _out(p)
         product = st.product(key[1])
         if key[0] == MIGDEV:
@@ -690,7 +690,7 @@ class FakeNvmlLib:
         return codes.SUCCESS
 
     # -- topology --------------------------------------------------------------------------------------
-    def _pair(self, st: NodeState, h1: Any, h2: Any) -> tuple[int, int] | int:
+    def _pair(self, st: SimNodeState, h1: Any, h2: Any) -> tuple[int, int] | int:
         k1, k2 = self._key(h1), self._key(h2)
         if k1 is None or k2 is None or k1[0] != DEV or k2[0] != DEV:
             return codes.INVALID_ARGUMENT
@@ -698,7 +698,7 @@ class FakeNvmlLib:
             return codes.GPU_IS_LOST
         return k1[1], k2[1]
 
-    def _common_ancestor(self, st: NodeState, h1: Any, h2: Any, p: Any) -> int:
+    def _common_ancestor(self, st: SimNodeState, h1: Any, h2: Any, p: Any) -> int:
         pair = self._pair(st, h1, h2)
         if isinstance(pair, int):
             return pair
@@ -713,7 +713,7 @@ class FakeNvmlLib:
             level = TOPO_SYSTEM
         return self._set(p, level)
 
-    def _nvlink_count(self, st: NodeState, a: int, b: int) -> int:
+    def _nvlink_count(self, st: SimNodeState, a: int, b: int) -> int:
         spec = st.spec
         if a == b:
             return 0
@@ -721,7 +721,7 @@ class FakeNvmlLib:
             return sum(links_to_switches(spec))
         return sum(n for x, y, n in spec.direct if {x, y} == {a, b})
 
-    def _p2p_status(self, st: NodeState, h1: Any, h2: Any, index: Any, p: Any) -> int:
+    def _p2p_status(self, st: SimNodeState, h1: Any, h2: Any, index: Any, p: Any) -> int:
         pair = self._pair(st, h1, h2)
         if isinstance(pair, int):
             return pair
@@ -732,7 +732,7 @@ class FakeNvmlLib:
             ok = st.spec.gpus[pair[0]].socket == st.spec.gpus[pair[1]].socket
         return self._set(p, 0 if ok else 5)  # OK / NOT_SUPPORTED
 
-    def _links(self, st: NodeState, gpu: int) -> list[tuple[str, int]]:
+    def _links(self, st: SimNodeState, gpu: int) -> list[tuple[str, int]]:
         """Per link: ("switch", bus) or ("gpu", peer index)."""
         spec = st.spec
         links: list[tuple[str, int]] = []
@@ -744,7 +744,7 @@ class FakeNvmlLib:
                 links += [("gpu", y if gpu == x else x)] * n
         return links
 
-    def _link(self, st: NodeState, key: tuple[Any, ...], link: Any) -> tuple[str, int] | int:
+    def _link(self, st: SimNodeState, key: tuple[Any, ...], link: Any) -> tuple[str, int] | int:
         links = self._links(st, key[1])
         i = _val(link)
         if not links:
@@ -755,15 +755,15 @@ class FakeNvmlLib:
             return codes.NOT_SUPPORTED
         return links[i]
 
-    def _nvlink_state(self, st: NodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
+    def _nvlink_state(self, st: SimNodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
         got = self._link(st, key, link)
         return got if isinstance(got, int) else self._set(p, 1)
 
-    def _nvlink_version(self, st: NodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
+    def _nvlink_version(self, st: SimNodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
         got = self._link(st, key, link)
         return got if isinstance(got, int) else self._set(p, 4 if st.product(key[1]).architecture >= 9 else 3)
 
-    def _nvlink_remote_pci(self, st: NodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
+    def _nvlink_remote_pci(self, st: SimNodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
         got = self._link(st, key, link)
         if isinstance(got, int):
             return got
@@ -777,28 +777,28 @@ class FakeNvmlLib:
         info.pciSubSystemId = 0
         return codes.SUCCESS
 
-    def _nvlink_remote_type(self, st: NodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
+    def _nvlink_remote_type(self, st: SimNodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
         got = self._link(st, key, link)
         if isinstance(got, int):
             return got
         return self._set(p, NVLINK_DEVICE_SWITCH if got[0] == "switch" else NVLINK_DEVICE_GPU)
 
     # -- MIG -------------------------------------------------------------------------------------------
-    def _get_mig_mode(self, st: NodeState, key: tuple[Any, ...], cur: Any, pend: Any) -> int:
+    def _get_mig_mode(self, st: SimNodeState, key: tuple[Any, ...], cur: Any, pend: Any) -> int:
         if not st.product(key[1]).mig_capable:
             return codes.NOT_SUPPORTED
         g = st.gpus[key[1]]
         _out(cur).value, _out(pend).value = g.mig_current, g.mig_pending
         return codes.SUCCESS
 
-    def _set_mig_mode(self, st: NodeState, key: tuple[Any, ...], mode: Any, activation: Any) -> int:
+    def _set_mig_mode(self, st: SimNodeState, key: tuple[Any, ...], mode: Any, activation: Any) -> int:
         ret, status = st.set_mig_mode(key[1], _val(mode))
         _out(activation).value = status
         if ret == codes.SUCCESS:
             return ret
         raise _Abort(ret)
 
-    def _fill_gi_profile(self, st: NodeState, gpu: int, enum: int, info: Any, versioned: bool) -> int:
+    def _fill_gi_profile(self, st: SimNodeState, gpu: int, enum: int, info: Any, versioned: bool) -> int:
         ret = st.check_gi_profile(gpu, enum)
         if ret != codes.SUCCESS:
             return ret
@@ -826,16 +826,16 @@ class FakeNvmlLib:
             info.name = f"MIG {name}".encode()
         return codes.SUCCESS
 
-    def _gi_profile_info_v1(self, st: NodeState, key: tuple[Any, ...], profile: Any, p: Any) -> int:
+    def _gi_profile_info_v1(self, st: SimNodeState, key: tuple[Any, ...], profile: Any, p: Any) -> int:
         return self._fill_gi_profile(st, key[1], _val(profile), _out(p), versioned=False)
 
-    def _gi_profile_info_v(self, st: NodeState, key: tuple[Any, ...], profile: Any, p: Any) -> int:
+    def _gi_profile_info_v(self, st: SimNodeState, key: tuple[Any, ...], profile: Any, p: Any) -> int:
         info = _out(p)
         if info.version not in (GI_PROFILE_INFO_V2, GI_PROFILE_INFO_V3):
             return codes.ARGUMENT_VERSION_MISMATCH
         return self._fill_gi_profile(st, key[1], _val(profile), info, versioned=True)
 
-    def _gi_profile_info_by_id(self, st: NodeState, key: tuple[Any, ...], profile_id: Any, p: Any) -> int:
+    def _gi_profile_info_by_id(self, st: SimNodeState, key: tuple[Any, ...], profile_id: Any, p: Any) -> int:
         info = _out(p)
         if info.version not in (GI_PROFILE_INFO_V2, GI_PROFILE_INFO_V3):
             return codes.ARGUMENT_VERSION_MISMATCH
@@ -864,7 +864,7 @@ class FakeNvmlLib:
         return codes.SUCCESS
 
     def _gi_possible_placements(
-        self, st: NodeState, key: tuple[Any, ...], profile_id: Any, arr: Any, cnt: Any
+        self, st: SimNodeState, key: tuple[Any, ...], profile_id: Any, arr: Any, cnt: Any
     ) -> int:
         product = st.product(key[1])
         if not product.mig_capable:
@@ -880,13 +880,13 @@ class FakeNvmlLib:
 
         return self._fill_array(arr, cnt, list(spec.starts), write)
 
-    def _profile_by_id(self, st: NodeState, gpu: int, profile_id: int) -> int | None:
+    def _profile_by_id(self, st: SimNodeState, gpu: int, profile_id: int) -> int | None:
         for spec in st.product(gpu).gi_profiles:
             if spec.profile_id == profile_id:
                 return spec.enum
         return None
 
-    def _gi_remaining(self, st: NodeState, key: tuple[Any, ...], profile_id: Any, p: Any) -> int:
+    def _gi_remaining(self, st: SimNodeState, key: tuple[Any, ...], profile_id: Any, p: Any) -> int:
         enum = self._profile_by_id(st, key[1], _val(profile_id))
         if enum is None:
             return codes.INVALID_ARGUMENT if st.product(key[1]).mig_capable else codes.NOT_SUPPORTED
@@ -894,7 +894,7 @@ class FakeNvmlLib:
             return codes.NOT_SUPPORTED
         return self._set(p, st.remaining_gi_capacity(key[1], enum))
 
-    def _create_gi(self, st: NodeState, key: tuple[Any, ...], profile_id: Any, out: Any) -> int:
+    def _create_gi(self, st: SimNodeState, key: tuple[Any, ...], profile_id: Any, out: Any) -> int:
         enum = self._profile_by_id(st, key[1], _val(profile_id))
         if enum is None:
             return codes.INVALID_ARGUMENT if st.product(key[1]).mig_capable else codes.NOT_SUPPORTED
@@ -904,7 +904,7 @@ class FakeNvmlLib:
         return ret
 
     def _create_gi_placed(
-        self, st: NodeState, key: tuple[Any, ...], profile_id: Any, placement: Any, out: Any
+        self, st: SimNodeState, key: tuple[Any, ...], profile_id: Any, placement: Any, out: Any
     ) -> int:
         enum = self._profile_by_id(st, key[1], _val(profile_id))
         if enum is None:
@@ -915,7 +915,7 @@ class FakeNvmlLib:
             self._write_handle(out, (GI, key[1], gi_id))
         return ret
 
-    def _get_gis(self, st: NodeState, key: tuple[Any, ...], profile_id: Any, arr: Any, cnt: Any) -> int:
+    def _get_gis(self, st: SimNodeState, key: tuple[Any, ...], profile_id: Any, arr: Any, cnt: Any) -> int:
         enum = self._profile_by_id(st, key[1], _val(profile_id))
         if enum is None:
             return codes.INVALID_ARGUMENT if st.product(key[1]).mig_capable else codes.NOT_SUPPORTED
@@ -930,7 +930,7 @@ class FakeNvmlLib:
 
         return self._fill_array(arr, cnt, gis, write)
 
-    def _gi_by_id(self, st: NodeState, key: tuple[Any, ...], gi_id: Any, out: Any) -> int:
+    def _gi_by_id(self, st: SimNodeState, key: tuple[Any, ...], gi_id: Any, out: Any) -> int:
         if not st.product(key[1]).mig_capable:
             return codes.NOT_SUPPORTED
         gi = st.find_gi(key[1], _val(gi_id))
@@ -939,10 +939,10 @@ class FakeNvmlLib:
         self._write_handle(out, (GI, key[1], gi.id))
         return codes.SUCCESS
 
-    def _destroy_gi(self, st: NodeState, key: tuple[Any, ...], gi: GiState) -> int:
+    def _destroy_gi(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState) -> int:
         return st.destroy_gi(key[1], gi.id, now=self.node.clock())
 
-    def _gi_info(self, st: NodeState, key: tuple[Any, ...], gi: GiState, p: Any) -> int:
+    def _gi_info(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, p: Any) -> int:
         info = _out(p)
         ctypes.c_void_p.from_buffer(info, 0).value = self._handle_addr((DEV, key[1]))
         info.id = gi.id
@@ -954,7 +954,7 @@ class FakeNvmlLib:
 
     def _fill_ci_profile(
         self,
-        st: NodeState,
+        st: SimNodeState,
         key: tuple[Any, ...],
         gi: GiState,
         ci_enum: int,
@@ -986,34 +986,34 @@ class FakeNvmlLib:
         return codes.SUCCESS
 
     def _ci_profile_info_v1(
-        self, st: NodeState, key: tuple[Any, ...], gi: GiState, prof: Any, eng: Any, p: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, eng: Any, p: Any
     ) -> int:
         return self._fill_ci_profile(st, key, gi, _val(prof), _val(eng), _out(p), versioned=False)
 
     def _ci_profile_info_v(
-        self, st: NodeState, key: tuple[Any, ...], gi: GiState, prof: Any, eng: Any, p: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, eng: Any, p: Any
     ) -> int:
         info = _out(p)
         if info.version not in (CI_PROFILE_INFO_V2, CI_PROFILE_INFO_V3):
             return codes.ARGUMENT_VERSION_MISMATCH
         return self._fill_ci_profile(st, key, gi, _val(prof), _val(eng), info, versioned=True)
 
-    def _ci_enum(self, st: NodeState, key: tuple[Any, ...], gi: GiState, profile_id: int) -> int | None:
+    def _ci_enum(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, profile_id: int) -> int | None:
         ret = st.ci_profile_ok(key[1], gi, profile_id)
         return profile_id if ret == codes.SUCCESS else None
 
-    def _ci_remaining(self, st: NodeState, key: tuple[Any, ...], gi: GiState, prof: Any, p: Any) -> int:
+    def _ci_remaining(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, p: Any) -> int:
         enum = self._ci_enum(st, key, gi, _val(prof))
         if enum is None:
             return codes.INVALID_ARGUMENT
-        trial = NodeState.from_json(st.to_json(), "<copy>")
+        trial = SimNodeState.from_json(st.to_json(), "<copy>")
         n = 0
         while trial.create_ci(key[1], gi.id, enum, None)[0] == codes.SUCCESS:
             n += 1
         return self._set(p, n)
 
     def _ci_placements(
-        self, st: NodeState, key: tuple[Any, ...], gi: GiState, prof: Any, arr: Any, cnt: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, arr: Any, cnt: Any
     ) -> int:
         enum = self._ci_enum(st, key, gi, _val(prof))
         if enum is None:
@@ -1025,14 +1025,14 @@ class FakeNvmlLib:
 
         return self._fill_array(arr, cnt, mig.ci_placement_starts(g, c), write)
 
-    def _create_ci(self, st: NodeState, key: tuple[Any, ...], gi: GiState, prof: Any, out: Any) -> int:
+    def _create_ci(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, out: Any) -> int:
         ret, ci_id = st.create_ci(key[1], gi.id, _val(prof), None, now=self.node.clock())
         if ret == codes.SUCCESS:
             self._write_handle(out, (CI, key[1], gi.id, ci_id))
         return ret
 
     def _create_ci_placed(
-        self, st: NodeState, key: tuple[Any, ...], gi: GiState, prof: Any, placement: Any, out: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, placement: Any, out: Any
     ) -> int:
         pl = _out(placement)
         if int(pl.size) != mig.CI_ENUMS.get(_val(prof), -1):
@@ -1043,7 +1043,7 @@ class FakeNvmlLib:
         return ret
 
     def _get_cis(
-        self, st: NodeState, key: tuple[Any, ...], gi: GiState, prof: Any, arr: Any, cnt: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, arr: Any, cnt: Any
     ) -> int:
         enum = _val(prof)
         if not 0 <= enum < mig.CI_PROFILE_COUNT:
@@ -1057,17 +1057,17 @@ class FakeNvmlLib:
 
         return self._fill_array(arr, cnt, cis, write)
 
-    def _ci_by_id(self, st: NodeState, key: tuple[Any, ...], gi: GiState, ci_id: Any, out: Any) -> int:
+    def _ci_by_id(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, ci_id: Any, out: Any) -> int:
         ci = next((c for c in gi.cis if c.id == _val(ci_id)), None)
         if ci is None:
             return codes.NOT_FOUND
         self._write_handle(out, (CI, key[1], gi.id, ci.id))
         return codes.SUCCESS
 
-    def _destroy_ci(self, st: NodeState, key: tuple[Any, ...], gi: GiState, ci: CiState) -> int:
+    def _destroy_ci(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, ci: CiState) -> int:
         return st.destroy_ci(key[1], gi.id, ci.id, now=self.node.clock())
 
-    def _ci_info(self, st: NodeState, key: tuple[Any, ...], gi: GiState, ci: CiState, p: Any) -> int:
+    def _ci_info(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, ci: CiState, p: Any) -> int:
         info = _out(p)
         ctypes.c_void_p.from_buffer(info, 0).value = self._handle_addr((DEV, key[1]))
         ctypes.c_void_p.from_buffer(info, ctypes.sizeof(ctypes.c_void_p)).value = self._handle_addr(
@@ -1078,17 +1078,17 @@ class FakeNvmlLib:
         info.placement.start, info.placement.size = ci.start, ci.size
         return codes.SUCCESS
 
-    def _mig_gi_id(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _mig_gi_id(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         return self._set(p, key[2]) if key[0] == MIGDEV else codes.INVALID_ARGUMENT
 
-    def _mig_ci_id(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _mig_ci_id(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         return self._set(p, key[3]) if key[0] == MIGDEV else codes.INVALID_ARGUMENT
 
-    def _max_mig_count(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _max_mig_count(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         product = st.product(key[1])
         return self._set(p, product.max_mig_devices if st.gpus[key[1]].mig_current == 1 else 0)
 
-    def _mig_handle_by_index(self, st: NodeState, key: tuple[Any, ...], index: Any, out: Any) -> int:
+    def _mig_handle_by_index(self, st: SimNodeState, key: tuple[Any, ...], index: Any, out: Any) -> int:
         if not st.product(key[1]).mig_capable:
             return codes.NOT_SUPPORTED
         devices = st.mig_devices(key[1])
@@ -1101,7 +1101,7 @@ class FakeNvmlLib:
         self._write_handle(out, (MIGDEV, key[1], gi.id, ci.id))
         return codes.SUCCESS
 
-    def _parent_handle(self, st: NodeState, key: tuple[Any, ...], out: Any) -> int:
+    def _parent_handle(self, st: SimNodeState, key: tuple[Any, ...], out: Any) -> int:
         if key[0] != MIGDEV:
             return codes.INVALID_ARGUMENT
         self._write_handle(out, (DEV, key[1]))
@@ -1109,11 +1109,11 @@ class FakeNvmlLib:
 
     # -- events ----------------------------------------------------------------------------------------
     @staticmethod
-    def _supported(st: NodeState, gpu: int) -> int:
+    def _supported(st: SimNodeState, gpu: int) -> int:
         mask = EVENT_SBE | EVENT_DBE | EVENT_PSTATE | EVENT_XID | EVENT_CLOCK
         return mask | (EVENT_MIG_CONFIG if st.product(gpu).mig_capable else 0)
 
-    def _event_set_create(self, st: NodeState, out: Any) -> int:
+    def _event_set_create(self, st: SimNodeState, out: Any) -> int:
         n = self._next_evset
         self._next_evset += 1
         es = _EventSet(st.next_seq - 1)
@@ -1129,7 +1129,7 @@ class FakeNvmlLib:
             return None
         return self._event_sets.get(key[1])
 
-    def _register_events(self, st: NodeState, key: tuple[Any, ...], mask: Any, evset: Any) -> int:
+    def _register_events(self, st: SimNodeState, key: tuple[Any, ...], mask: Any, evset: Any) -> int:
         es = self._evset(evset)
         if es is None:
             return codes.INVALID_ARGUMENT
@@ -1139,7 +1139,7 @@ class FakeNvmlLib:
         es.registrations[key[1]] = es.registrations.get(key[1], 0) | m
         return codes.SUCCESS
 
-    def _next_event(self, st: NodeState, es: _EventSet) -> Event | None:
+    def _next_event(self, st: SimNodeState, es: _EventSet) -> Event | None:
         for ev in st.events:
             if ev.seq <= es.cursor:
                 continue
@@ -1185,10 +1185,10 @@ class FakeNvmlLib:
             return codes.SUCCESS
 
     # -- telemetry -------------------------------------------------------------------------------------
-    def _tm(self, st: NodeState, key: tuple[Any, ...]) -> Any:
+    def _tm(self, st: SimNodeState, key: tuple[Any, ...]) -> Any:
         return telemetry(st, key[1], self.node.clock())
 
-    def _utilization(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _utilization(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         if st.gpus[key[1]].mig_current == 1:
             return codes.NOT_SUPPORTED  # NVML has no whole-GPU utilisation in MIG mode
         tm = self._tm(st, key)
@@ -1196,13 +1196,13 @@ class FakeNvmlLib:
         u.gpu, u.memory = tm.gpu_util, tm.mem_util
         return codes.SUCCESS
 
-    def _clock(self, st: NodeState, key: tuple[Any, ...], ctype: Any, p: Any) -> int:
+    def _clock(self, st: SimNodeState, key: tuple[Any, ...], ctype: Any, p: Any) -> int:
         tm = self._tm(st, key)
         t = _val(ctype)
         values = {0: tm.sm_clock, 1: tm.sm_clock, 2: tm.mem_clock, 3: int(tm.sm_clock * 0.9)}
         return self._set(p, values[t]) if t in values else codes.INVALID_ARGUMENT
 
-    def _max_clock(self, st: NodeState, key: tuple[Any, ...], ctype: Any, p: Any) -> int:
+    def _max_clock(self, st: SimNodeState, key: tuple[Any, ...], ctype: Any, p: Any) -> int:
         product: Product = st.product(key[1])
         t = _val(ctype)
         values = {
@@ -1213,26 +1213,26 @@ class FakeNvmlLib:
         }
         return self._set(p, values[t]) if t in values else codes.INVALID_ARGUMENT
 
-    def _pcie_throughput(self, st: NodeState, key: tuple[Any, ...], counter: Any, p: Any) -> int:
+    def _pcie_throughput(self, st: SimNodeState, key: tuple[Any, ...], counter: Any, p: Any) -> int:
         tm = self._tm(st, key)
         c = _val(counter)
         if c not in (0, 1):
             return codes.INVALID_ARGUMENT
         return self._set(p, tm.pcie_tx_kbs if c == 0 else tm.pcie_rx_kbs)
 
-    def _enc_util(self, st: NodeState, key: tuple[Any, ...], util: Any, period: Any) -> int:
+    def _enc_util(self, st: SimNodeState, key: tuple[Any, ...], util: Any, period: Any) -> int:
         _out(util).value, _out(period).value = self._tm(st, key).enc_util, 167000
         return codes.SUCCESS
 
-    def _dec_util(self, st: NodeState, key: tuple[Any, ...], util: Any, period: Any) -> int:
+    def _dec_util(self, st: SimNodeState, key: tuple[Any, ...], util: Any, period: Any) -> int:
         _out(util).value, _out(period).value = self._tm(st, key).dec_util, 167000
         return codes.SUCCESS
 
-    def _ecc_mode(self, st: NodeState, key: tuple[Any, ...], cur: Any, pend: Any) -> int:
+    def _ecc_mode(self, st: SimNodeState, key: tuple[Any, ...], cur: Any, pend: Any) -> int:
         _out(cur).value, _out(pend).value = 1, 1
         return codes.SUCCESS
 
-    def _total_ecc(self, st: NodeState, key: tuple[Any, ...], etype: Any, counter: Any, p: Any) -> int:
+    def _total_ecc(self, st: SimNodeState, key: tuple[Any, ...], etype: Any, counter: Any, p: Any) -> int:
         g = st.gpus[key[1]]
         e, c = _val(etype), _val(counter)
         table = {
@@ -1245,7 +1245,7 @@ class FakeNvmlLib:
             return codes.INVALID_ARGUMENT
         return self._set(p, table[(e, c)])
 
-    def _retired_pages(self, st: NodeState, key: tuple[Any, ...], cause: Any, cnt: Any, arr: Any) -> int:
+    def _retired_pages(self, st: SimNodeState, key: tuple[Any, ...], cause: Any, cnt: Any, arr: Any) -> int:
         if st.product(key[1]).architecture >= 7:
             return codes.NOT_SUPPORTED  # Ampere and later remap rows instead
         g = st.gpus[key[1]]
@@ -1253,13 +1253,13 @@ class FakeNvmlLib:
         base = 0x1000 if _val(cause) == 0 else 0x8000
         return self._fill_array(arr, cnt, [base + i for i in range(n)], _write_u64)
 
-    def _retired_pending(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _retired_pending(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         if st.product(key[1]).architecture >= 7:
             return codes.NOT_SUPPORTED
         return self._set(p, int(st.gpus[key[1]].retired_pending))
 
     def _remapped_rows(
-        self, st: NodeState, key: tuple[Any, ...], corr: Any, unc: Any, pend: Any, fail: Any
+        self, st: SimNodeState, key: tuple[Any, ...], corr: Any, unc: Any, pend: Any, fail: Any
     ) -> int:
         if st.product(key[1]).architecture < 7:
             return codes.NOT_SUPPORTED
@@ -1268,14 +1268,14 @@ class FakeNvmlLib:
         _out(pend).value, _out(fail).value = int(g.remap_pending), int(g.remap_failure)
         return codes.SUCCESS
 
-    def _clock_reasons(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _clock_reasons(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         tm = self._tm(st, key)
         reasons = 0x1 if tm.gpu_util < 2 else 0
         if tm.power_mw > st.product(key[1]).tdp_w * 1000 * 0.95:
             reasons |= 0x4  # software power cap
         return self._set(p, reasons)
 
-    def _processes(self, st: NodeState, key: tuple[Any, ...], cnt: Any, arr: Any) -> int:
+    def _processes(self, st: SimNodeState, key: tuple[Any, ...], cnt: Any, arr: Any) -> int:
         procs = st.gpus[key[1]].processes
         if key[0] == MIGDEV:
             procs = [p for p in procs if p.gi == key[2] and p.ci == key[3]]
@@ -1293,7 +1293,7 @@ class FakeNvmlLib:
             return codes.INSUFFICIENT_SIZE
         return self._fill_array(arr, cnt, procs, write)
 
-    def _field_values(self, st: NodeState, key: tuple[Any, ...], count: Any, arr: Any) -> int:
+    def _field_values(self, st: SimNodeState, key: tuple[Any, ...], count: Any, arr: Any) -> int:
         n = _val(count)
         values = _out(arr)
         tm = self._tm(st, key)
@@ -1312,14 +1312,14 @@ class FakeNvmlLib:
         return codes.SUCCESS
 
     # -- GPM -------------------------------------------------------------------------------------------
-    def _gpm_support(self, st: NodeState, key: tuple[Any, ...], p: Any) -> int:
+    def _gpm_support(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         info = _out(p)
         if info.version != GPM_SUPPORT_VERSION:
             return codes.ARGUMENT_VERSION_MISMATCH
         info.isSupportedDevice = int(st.product(key[1]).architecture >= ARCH_HOPPER)
         return codes.SUCCESS
 
-    def _gpm_alloc(self, st: NodeState, out: Any) -> int:
+    def _gpm_alloc(self, st: SimNodeState, out: Any) -> int:
         n = self._next_gpm
         self._next_gpm += 1
         self._gpm_samples[n] = _GpmSample()
@@ -1339,7 +1339,7 @@ class FakeNvmlLib:
         key = self._key(handle)
         return None if key is None or key[0] != GPM else self._gpm_samples.get(key[1])
 
-    def _gpm_record(self, st: NodeState, gpu: int, gi: int | None, handle: Any) -> int:
+    def _gpm_record(self, st: SimNodeState, gpu: int, gi: int | None, handle: Any) -> int:
         if st.product(gpu).architecture < ARCH_HOPPER:
             return codes.NOT_SUPPORTED
         sample = self._gpm_sample(handle)
@@ -1349,10 +1349,10 @@ class FakeNvmlLib:
         sample.gpu, sample.gi, sample.time, sample.seq = gpu, gi, self.node.clock(), self._gpm_seq
         return codes.SUCCESS
 
-    def _gpm_sample_get(self, st: NodeState, key: tuple[Any, ...], sample: Any) -> int:
+    def _gpm_sample_get(self, st: SimNodeState, key: tuple[Any, ...], sample: Any) -> int:
         return self._gpm_record(st, key[1], None, sample)
 
-    def _gpm_mig_sample_get(self, st: NodeState, key: tuple[Any, ...], gi_id: Any, sample: Any) -> int:
+    def _gpm_mig_sample_get(self, st: SimNodeState, key: tuple[Any, ...], gi_id: Any, sample: Any) -> int:
         if st.product(key[1]).architecture < ARCH_HOPPER:
             return codes.NOT_SUPPORTED
         gi = _val(gi_id)
@@ -1361,7 +1361,7 @@ class FakeNvmlLib:
         return self._gpm_record(st, key[1], gi, sample)
 
     @staticmethod
-    def _gpm_average(st: NodeState, gpu: int, t1: float, t2: float) -> tuple[float, float]:
+    def _gpm_average(st: SimNodeState, gpu: int, t1: float, t2: float) -> tuple[float, float]:
         """(graphics, memory) utilisation averaged over [t1, t2]: the midpoints of GPM_POINTS slices."""
         if t2 <= t1:
             points = [t2]
@@ -1373,7 +1373,7 @@ class FakeNvmlLib:
         memory = sum(tm.mem_util for tm in samples) / len(samples)
         return graphics, memory
 
-    def _gpm_metrics_get(self, st: NodeState, p: Any) -> int:
+    def _gpm_metrics_get(self, st: SimNodeState, p: Any) -> int:
         mg = _out(p)
         if mg.version != GPM_METRICS_GET_VERSION:
             return codes.ARGUMENT_VERSION_MISMATCH

@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpunode.common.atomic import atomic_write
-from gpunode.sim.nvml.state import NodeState, StateError
+from gpunode.sim.nvml.state import SimNodeState, StateError
 
 
-def read_state_file(path: Path) -> NodeState:
+def read_state_file(path: Path) -> SimNodeState:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -33,10 +33,10 @@ def read_state_file(path: Path) -> NodeState:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StateError(f"{path}: simulator state is not valid JSON ({exc})") from None
-    return NodeState.from_json(data, str(path))
+    return SimNodeState.from_json(data, str(path))
 
 
-def write_state_file(path: Path, state: NodeState) -> None:
+def write_state_file(path: Path, state: SimNodeState) -> None:
     atomic_write(path, json.dumps(state.to_json(), separators=(",", ":")).encode(), mode=0o644)
 
 
@@ -55,7 +55,7 @@ class SimNode:
     """The simulated node as this process sees it."""
 
     def __init__(
-        self, state: NodeState, path: Path | None = None, clock: Callable[[], float] = time.time
+        self, state: SimNodeState, path: Path | None = None, clock: Callable[[], float] = time.time
     ) -> None:
         self.state = state
         self.path = path
@@ -77,7 +77,7 @@ class SimNode:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def refresh(self) -> NodeState:
+    def refresh(self) -> SimNodeState:
         """The current state, reloaded first if another process changed the file."""
         if self.path is None:
             return self.state
@@ -89,11 +89,11 @@ class SimNode:
         return self.state
 
     @contextlib.contextmanager
-    def mutate(self) -> Iterator[NodeState]:
+    def mutate(self) -> Iterator[SimNodeState]:
         """Change the state as a transaction: an exception inside leaves it (and the file) untouched."""
         with self.lock:
             if self.path is None:
-                fresh = NodeState.from_json(self.state.to_json(), "<memory>")
+                fresh = SimNodeState.from_json(self.state.to_json(), "<memory>")
                 yield fresh
                 fresh.generation += 1
                 self.state = fresh
@@ -108,11 +108,11 @@ class SimNode:
             self.changed.notify_all()
 
 
-def init_state_file(path: Path, preset: str, seed: int = 0, force: bool = False) -> NodeState:
+def init_state_file(path: Path, preset: str, seed: int = 0, force: bool = False) -> SimNodeState:
     """Create a state file for a fresh node; refuses to overwrite unless `force`."""
     import secrets
 
-    state = NodeState.new(preset, seed=seed, node_id=secrets.token_hex(16))
+    state = SimNodeState.new(preset, seed=seed, node_id=secrets.token_hex(16))
     path.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(path):
         if path.exists() and not force:

@@ -1,6 +1,6 @@
 """The simulated node's mutable state, its rules, and its JSON form.
 
-`NodeState` is plain data (what the shared state file holds). The functions on it apply NVML's rules and
+`SimNodeState` is plain data (what the shared state file holds). The functions on it apply NVML's rules and
 return NVML return codes, so the C surface in `lib.py` stays a thin translation layer.
 """
 
@@ -68,7 +68,7 @@ class ProcessState:
 
 
 @dataclass
-class GpuState:
+class SimGpuState:
     mig_current: int = 0
     mig_pending: int = 0
     lost: bool = False
@@ -100,12 +100,12 @@ class Event:
 
 
 @dataclass
-class NodeState:
+class SimNodeState:
     preset: str
     seed: int
     node_id: str
     created: float
-    gpus: list[GpuState]
+    gpus: list[SimGpuState]
     init_fault: str | None = None
     events: list[Event] = field(default_factory=list)
     next_seq: int = 1
@@ -115,7 +115,7 @@ class NodeState:
     @classmethod
     def new(
         cls, preset_name: str, seed: int = 0, node_id: str | None = None, now: float | None = None
-    ) -> NodeState:
+    ) -> SimNodeState:
         preset = get_preset(preset_name)
         if node_id is None:
             node_id = hashlib.sha256(f"{preset_name}:{seed}".encode()).hexdigest()[:32]
@@ -124,7 +124,7 @@ class NodeState:
             seed=seed,
             node_id=node_id,
             created=time.time() if now is None else now,
-            gpus=[GpuState() for _ in preset.gpus],
+            gpus=[SimGpuState() for _ in preset.gpus],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -133,7 +133,7 @@ class NodeState:
         return data
 
     @classmethod
-    def from_json(cls, data: Any, source: str) -> NodeState:
+    def from_json(cls, data: Any, source: str) -> SimNodeState:
         if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
             raise StateError(
                 f"{source}: not a gpunode simulator state file (expected format {STATE_FORMAT!r})"
@@ -141,7 +141,7 @@ class NodeState:
         try:
             preset = get_preset(data["preset"])
             gpus = [
-                GpuState(
+                SimGpuState(
                     **{
                         **g,
                         "gis": [
@@ -282,7 +282,7 @@ class NodeState:
 
     def remaining_gi_capacity(self, gpu: int, enum: int) -> int:
         """How many more GIs of this profile fit, placing each at the driver's next choice."""
-        trial = NodeState.from_json(self.to_json(), "<copy>")
+        trial = SimNodeState.from_json(self.to_json(), "<copy>")
         n = 0
         while True:
             ret, _ = trial.create_gi(gpu, enum, None, emit=False)
@@ -494,7 +494,7 @@ def _util_integral(t: float, ph: tuple[float, float, float]) -> float:
     )
 
 
-def telemetry(state: NodeState, gpu: int, now: float) -> Telemetry:
+def telemetry(state: SimNodeState, gpu: int, now: float) -> Telemetry:
     """Deterministic for a given seed and time: moves plausibly, energy is the exact integral of power."""
     product = state.product(gpu)
     ph = _phases(state.seed, gpu)
