@@ -31,9 +31,9 @@ from gpunode.sim.nvml.state import (
     EVENT_SBE,
     EVENT_XID,
     INIT_FAULTS,
-    CiState,
     Event,
-    GiState,
+    SimCiState,
+    SimGiState,
     SimNodeState,
     StateError,
     telemetry,
@@ -584,14 +584,14 @@ class FakeNvmlLib:
     def _bus_id(st: SimNodeState, gpu: int) -> str:
         return f"00000000:{st.spec.gpus[gpu].bus:02X}:00.0"
 
-    def _mig_lookup(self, st: SimNodeState, key: tuple[Any, ...]) -> tuple[GiState, CiState] | None:
+    def _mig_lookup(self, st: SimNodeState, key: tuple[Any, ...]) -> tuple[SimGiState, SimCiState] | None:
         gi = st.find_gi(key[1], key[2])
         if gi is None or st.gpus[key[1]].mig_current != 1:
             return None
         ci = next((c for c in gi.cis if c.id == key[3]), None)
         return None if ci is None else (gi, ci)
 
-    def _mig_profile_name(self, st: SimNodeState, gpu: int, gi: GiState, ci: CiState) -> str:
+    def _mig_profile_name(self, st: SimNodeState, gpu: int, gi: SimGiState, ci: SimCiState) -> str:
         product = st.product(gpu)
         spec = product.gi_profile(gi.profile)
         assert spec is not None
@@ -923,7 +923,7 @@ class FakeNvmlLib:
             return codes.NOT_SUPPORTED
         gis = [gi for gi in st.gpus[key[1]].gis if gi.profile == enum]
 
-        def write(slot: Any, gi: GiState) -> None:
+        def write(slot: Any, gi: SimGiState) -> None:
             ctypes.c_void_p.from_address(ctypes.addressof(slot)).value = self._handle_addr(
                 (GI, key[1], gi.id)
             )
@@ -939,10 +939,10 @@ class FakeNvmlLib:
         self._write_handle(out, (GI, key[1], gi.id))
         return codes.SUCCESS
 
-    def _destroy_gi(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState) -> int:
+    def _destroy_gi(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState) -> int:
         return st.destroy_gi(key[1], gi.id, now=self.node.clock())
 
-    def _gi_info(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, p: Any) -> int:
+    def _gi_info(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, p: Any) -> int:
         info = _out(p)
         ctypes.c_void_p.from_buffer(info, 0).value = self._handle_addr((DEV, key[1]))
         info.id = gi.id
@@ -956,7 +956,7 @@ class FakeNvmlLib:
         self,
         st: SimNodeState,
         key: tuple[Any, ...],
-        gi: GiState,
+        gi: SimGiState,
         ci_enum: int,
         eng: int,
         info: Any,
@@ -986,23 +986,23 @@ class FakeNvmlLib:
         return codes.SUCCESS
 
     def _ci_profile_info_v1(
-        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, eng: Any, p: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, prof: Any, eng: Any, p: Any
     ) -> int:
         return self._fill_ci_profile(st, key, gi, _val(prof), _val(eng), _out(p), versioned=False)
 
     def _ci_profile_info_v(
-        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, eng: Any, p: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, prof: Any, eng: Any, p: Any
     ) -> int:
         info = _out(p)
         if info.version not in (CI_PROFILE_INFO_V2, CI_PROFILE_INFO_V3):
             return codes.ARGUMENT_VERSION_MISMATCH
         return self._fill_ci_profile(st, key, gi, _val(prof), _val(eng), info, versioned=True)
 
-    def _ci_enum(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, profile_id: int) -> int | None:
+    def _ci_enum(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, profile_id: int) -> int | None:
         ret = st.ci_profile_ok(key[1], gi, profile_id)
         return profile_id if ret == codes.SUCCESS else None
 
-    def _ci_remaining(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, p: Any) -> int:
+    def _ci_remaining(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, prof: Any, p: Any) -> int:
         enum = self._ci_enum(st, key, gi, _val(prof))
         if enum is None:
             return codes.INVALID_ARGUMENT
@@ -1013,7 +1013,7 @@ class FakeNvmlLib:
         return self._set(p, n)
 
     def _ci_placements(
-        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, arr: Any, cnt: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, prof: Any, arr: Any, cnt: Any
     ) -> int:
         enum = self._ci_enum(st, key, gi, _val(prof))
         if enum is None:
@@ -1025,14 +1025,14 @@ class FakeNvmlLib:
 
         return self._fill_array(arr, cnt, mig.ci_placement_starts(g, c), write)
 
-    def _create_ci(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, out: Any) -> int:
+    def _create_ci(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, prof: Any, out: Any) -> int:
         ret, ci_id = st.create_ci(key[1], gi.id, _val(prof), None, now=self.node.clock())
         if ret == codes.SUCCESS:
             self._write_handle(out, (CI, key[1], gi.id, ci_id))
         return ret
 
     def _create_ci_placed(
-        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, placement: Any, out: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, prof: Any, placement: Any, out: Any
     ) -> int:
         pl = _out(placement)
         if int(pl.size) != mig.CI_ENUMS.get(_val(prof), -1):
@@ -1043,31 +1043,31 @@ class FakeNvmlLib:
         return ret
 
     def _get_cis(
-        self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, prof: Any, arr: Any, cnt: Any
+        self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, prof: Any, arr: Any, cnt: Any
     ) -> int:
         enum = _val(prof)
         if not 0 <= enum < mig.CI_PROFILE_COUNT:
             return codes.INVALID_ARGUMENT
         cis = [ci for ci in gi.cis if ci.profile == enum]
 
-        def write(slot: Any, ci: CiState) -> None:
+        def write(slot: Any, ci: SimCiState) -> None:
             ctypes.c_void_p.from_address(ctypes.addressof(slot)).value = self._handle_addr(
                 (CI, key[1], gi.id, ci.id)
             )
 
         return self._fill_array(arr, cnt, cis, write)
 
-    def _ci_by_id(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, ci_id: Any, out: Any) -> int:
+    def _ci_by_id(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, ci_id: Any, out: Any) -> int:
         ci = next((c for c in gi.cis if c.id == _val(ci_id)), None)
         if ci is None:
             return codes.NOT_FOUND
         self._write_handle(out, (CI, key[1], gi.id, ci.id))
         return codes.SUCCESS
 
-    def _destroy_ci(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, ci: CiState) -> int:
+    def _destroy_ci(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, ci: SimCiState) -> int:
         return st.destroy_ci(key[1], gi.id, ci.id, now=self.node.clock())
 
-    def _ci_info(self, st: SimNodeState, key: tuple[Any, ...], gi: GiState, ci: CiState, p: Any) -> int:
+    def _ci_info(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, ci: SimCiState, p: Any) -> int:
         info = _out(p)
         ctypes.c_void_p.from_buffer(info, 0).value = self._handle_addr((DEV, key[1]))
         ctypes.c_void_p.from_buffer(info, ctypes.sizeof(ctypes.c_void_p)).value = self._handle_addr(

@@ -43,7 +43,7 @@ class StateError(ValueError):
 
 
 @dataclass
-class CiState:
+class SimCiState:
     id: int
     profile: int  # CI profile enum
     start: int
@@ -51,12 +51,12 @@ class CiState:
 
 
 @dataclass
-class GiState:
+class SimGiState:
     id: int
     profile: int  # GI profile enum
     start: int
     size: int
-    cis: list[CiState] = field(default_factory=list)
+    cis: list[SimCiState] = field(default_factory=list)
 
 
 @dataclass
@@ -72,7 +72,7 @@ class SimGpuState:
     mig_current: int = 0
     mig_pending: int = 0
     lost: bool = False
-    gis: list[GiState] = field(default_factory=list)
+    gis: list[SimGiState] = field(default_factory=list)
     sbe_volatile: int = 0
     dbe_volatile: int = 0
     sbe_aggregate: int = 0
@@ -145,7 +145,8 @@ class SimNodeState:
                     **{
                         **g,
                         "gis": [
-                            GiState(**{**gi, "cis": [CiState(**ci) for ci in gi["cis"]]}) for gi in g["gis"]
+                            SimGiState(**{**gi, "cis": [SimCiState(**ci) for ci in gi["cis"]]})
+                            for gi in g["gis"]
                         ],
                         "processes": [ProcessState(**p) for p in g["processes"]],
                     }
@@ -205,7 +206,7 @@ class SimNodeState:
         return ev
 
     # -- MIG -------------------------------------------------------------------------------------------
-    def find_gi(self, gpu: int, gi_id: int) -> GiState | None:
+    def find_gi(self, gpu: int, gi_id: int) -> SimGiState | None:
         for gi in self.gpus[gpu].gis:
             if gi.id == gi_id:
                 return gi
@@ -323,7 +324,7 @@ class SimNodeState:
             if not self._gi_fits(gpu, enum, start):
                 return codes.INSUFFICIENT_RESOURCES, 0
         gi_id = mig.gpu_instance_id(start, spec.memory_slices, product.memory_slices)
-        st.gis.append(GiState(gi_id, enum, start, spec.memory_slices))
+        st.gis.append(SimGiState(gi_id, enum, start, spec.memory_slices))
         st.gis.sort(key=lambda g: g.id)
         if emit:
             self.emit(gpu, EVENT_MIG_CONFIG, 0, gi_id, ALL, now)
@@ -340,7 +341,7 @@ class SimNodeState:
         self.emit(gpu, EVENT_MIG_CONFIG, 0, gi_id, ALL, now)
         return codes.SUCCESS
 
-    def ci_profile_ok(self, gpu: int, gi: GiState, ci_enum: int) -> int:
+    def ci_profile_ok(self, gpu: int, gi: SimGiState, ci_enum: int) -> int:
         if not 0 <= ci_enum < mig.CI_PROFILE_COUNT:
             return codes.INVALID_ARGUMENT
         if ci_enum not in (mig.CI_1_SLICE, mig.CI_2_SLICE, mig.CI_3_SLICE, mig.CI_4_SLICE, mig.CI_7_SLICE):
@@ -353,7 +354,7 @@ class SimNodeState:
             return codes.NOT_SUPPORTED
         return codes.SUCCESS
 
-    def _ci_fits(self, gi: GiState, ci_enum: int, start: int) -> bool:
+    def _ci_fits(self, gi: SimGiState, ci_enum: int, start: int) -> bool:
         g = mig.GI_ENUMS[gi.profile][0]
         c = mig.CI_ENUMS[ci_enum]
         if start not in mig.ci_placement_starts(g, c):
@@ -362,7 +363,7 @@ class SimNodeState:
             return False
         return all(not (start < ci.start + ci.size and ci.start < start + c) for ci in gi.cis)
 
-    def free_ci_starts(self, gi: GiState, ci_enum: int) -> list[int]:
+    def free_ci_starts(self, gi: SimGiState, ci_enum: int) -> list[int]:
         g = mig.GI_ENUMS[gi.profile][0]
         c = mig.CI_ENUMS[ci_enum]
         return [s for s in mig.ci_placement_starts(g, c) if self._ci_fits(gi, ci_enum, s)]
@@ -388,7 +389,7 @@ class SimNodeState:
             return codes.INSUFFICIENT_RESOURCES, 0
         used = {ci.id for ci in gi.cis}
         ci_id = next(i for i in range(64) if i not in used)
-        gi.cis.append(CiState(ci_id, ci_enum, start, mig.CI_ENUMS[ci_enum]))
+        gi.cis.append(SimCiState(ci_id, ci_enum, start, mig.CI_ENUMS[ci_enum]))
         gi.cis.sort(key=lambda c: c.id)
         self.emit(gpu, EVENT_MIG_CONFIG, 0, gi_id, ci_id, now)
         return codes.SUCCESS, ci_id
@@ -406,7 +407,7 @@ class SimNodeState:
                 return codes.SUCCESS
         return codes.INVALID_ARGUMENT
 
-    def mig_devices(self, gpu: int) -> list[tuple[GiState, CiState]]:
+    def mig_devices(self, gpu: int) -> list[tuple[SimGiState, SimCiState]]:
         """MIG devices in NVML's enumeration order (GI id, then CI id)."""
         if self.gpus[gpu].mig_current != 1:
             return []
