@@ -501,13 +501,20 @@ def render(spec: Spec | Doc, fmt: Format = "yaml") -> str:
 
 def load_spec(path: Path) -> Obj:
     """A spec file (YAML or JSON); ``ValueError`` when it is not a mapping with ``kind`` and ``devices``."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
-        doc = json.loads(text)
-    else:
-        import yaml
+    from gpunode.common.errors import ConfigError
+    from gpunode.common.safeyaml import parse_yaml, read_config_text
 
-        doc = yaml.safe_load(text)
+    try:  # the one safe loader for YAML: size, depth and alias limits
+        text = read_config_text(path)
+        if path.suffix.lower() == ".json":
+            try:
+                doc = json.loads(text)
+            except RecursionError:
+                raise ConfigError(str(path), ["nested too deeply"]) from None
+        else:
+            doc = parse_yaml(text, str(path))
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
     if not isinstance(doc, dict) or "kind" not in doc or not isinstance(doc.get("devices"), list):
         raise ValueError(f"{path}: not a CDI spec (needs kind and devices)")
     return doc

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpunode.common.atomic import atomic_write
+from gpunode.common.errors import ConfigError
 from gpunode.common.hostpaths import HostPaths
 
 if TYPE_CHECKING:
@@ -170,9 +171,11 @@ def parse_cdi_spec(path: Path, text: str) -> CdiSpec:
         if path.suffix == ".json":
             doc = json.loads(text)
         else:
-            import yaml
+            from gpunode.common.safeyaml import parse_yaml  # size, depth and alias limits
 
-            doc = yaml.safe_load(text)
+            doc = parse_yaml(text, str(path))
+    except ConfigError as exc:
+        return CdiSpec(path, error=f"cannot parse {path}: {exc.problems[0]}")
     except Exception as exc:  # any parser error: report it, never crash the check
         return CdiSpec(path, error=f"cannot parse {path}: {str(exc).splitlines()[0] if str(exc) else exc}")
     if not isinstance(doc, dict) or "kind" not in doc or "cdiVersion" not in doc:
