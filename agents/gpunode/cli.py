@@ -53,7 +53,7 @@ def _sim_command(
 
 def main(argv: list[str] | None = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
-    if raw and raw[0] == "doctor":  # its own flags (FlagSet with env vars): hand everything over
+    if raw and raw[0] == "doctor":  # its own settings (flags with env vars): hand everything over
         from gpunode.doctor import main as doctor
 
         return doctor(raw[1:])
