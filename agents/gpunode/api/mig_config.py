@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,8 @@ from pydantic import (
 from gpunode.api.mig_profiles import ProfileSyntaxError, parse_profile
 from gpunode.common.config import load_config, parse_config_text
 from gpunode.common.errors import ConfigError
+
+MIG_SLICES = 7  # the most MIG devices of one profile on any GPU: 7 slices (A100, H100, H200, B200; A30: 4)
 
 __all__ = [
     "ConfigError",
@@ -177,7 +180,7 @@ class _EntryModel(_V1Model):
         if bad:
             raise ValueError(f"{expected}: {', '.join(bad)}")
         indices = tuple(int(v) for v in value)
-        repeated = sorted({i for i in indices if indices.count(i) > 1})
+        repeated = sorted(i for i, n in Counter(indices).items() if n > 1)  # linear: lists can be long
         if repeated:
             raise ValueError(f"lists GPU {', '.join(map(str, repeated))} more than once")
         return indices
@@ -197,13 +200,17 @@ class _EntryModel(_V1Model):
         spelled: dict[str, str] = {}
         for key, count in value.items():
             try:
-                canonical = str(parse_profile(key))
+                profile = parse_profile(key)
             except ProfileSyntaxError as exc:
                 problems.append(str(exc))
                 continue
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 problems.append(f'"{key}": the count must be a non-negative integer, not {_describe(count)}')
                 continue
+            if count > MIG_SLICES:  # the planner checks the GPU at hand; this bounds what it is given
+                problems.append(f'"{key}": {count} is more than any GPU holds (at most {MIG_SLICES})')
+                continue
+            canonical = str(profile)
             if canonical in spelled:
                 problems.append(f'"{spelled[canonical]}" and "{key}" name the same profile; merge them')
                 continue
