@@ -4,7 +4,7 @@ XIDs and double-bit ECC errors (NVML events) and lost GPUs (the probe) make a GP
 :class:`~gpunode.device_plugin.health.XidPolicy` says; the probe also brings quiet GPUs back after the
 hold-down period (:class:`~gpunode.device_plugin.health.HealthTracker` decides both). Each change is
 pushed to the streams of the resources on that GPU. A MIG layout change event asks the resources to
-be built again.
+be built again, and so does a GPU that answers again after it was lost before it was ever read.
 """
 
 from __future__ import annotations
@@ -79,14 +79,21 @@ class HealthWatch:
                 self.log.info("ecc_corrected", uuid=ev.gpu_uuid, count=ev.data)
 
     async def probe(self) -> None:
-        """Lost GPUs become Unhealthy; quiet ones recover after the hold-down period."""
+        """Lost GPUs become Unhealthy; quiet ones recover after the hold-down period; a GPU lost before
+        it was ever read is read once it answers."""
         res = self.resources
         assert res.nvml is not None
         while True:
             await asyncio.sleep(self.probe_interval)
-            if not self.policy.enabled:
+            if not self.policy.enabled and not res.unread:
                 continue
             lost = set(await res.nvml.lost_gpus())
+            if res.unread - lost:  # a GPU lost before it was ever read answers now: read it
+                self.log.info("gpus_answer_again", gpus=sorted(res.unread - lost))
+                res.unread = frozenset()  # asked once; a rebuild that fails is retried
+                res.rebuild.set()
+            if not self.policy.enabled:
+                continue
             now = self.clock()
             health = res.state.health
             for gpu in res.gpus:

@@ -31,7 +31,7 @@ from gpunode.device_plugin.health import HealthTracker, XidPolicy
 from gpunode.device_plugin.healthwatch import HealthWatch
 from gpunode.device_plugin.metrics import DevicePluginMetrics
 from gpunode.device_plugin.registrar import Registrar
-from gpunode.device_plugin.resources import Resources
+from gpunode.device_plugin.resources import MIG_SETTLE, MIG_SETTLE_MAX, Resources
 from gpunode.device_plugin.server import ResourceServer, SharedState
 from gpunode.kube.labelconfig import LabelConfig, LabelConfigOptions, Loaded, one_line
 from gpunode.nvml import errors
@@ -73,6 +73,8 @@ class AgentOptions:
     self_check_interval: float = 5.0
     probe_interval: float = 10.0
     nvml_retry_interval: float = 30.0
+    mig_settle: float = MIG_SETTLE  # a MIG layout is advertised once no MIG event came for this long ...
+    mig_settle_max: float = MIG_SETTLE_MAX  # ... or this long after its first event
 
     @classmethod
     def from_flags(
@@ -145,6 +147,8 @@ class DevicePlugin:
             metrics=self.metrics,
             base_metrics=self.base_metrics,
             log=self.log,
+            mig_settle=opts.mig_settle,
+            mig_settle_max=opts.mig_settle_max,
         )
         self.registrar = Registrar(
             self.resources,

@@ -5,18 +5,27 @@ the new list, the server stays) and withdraws gone ones; :meth:`Resources.restar
 socket went away; :meth:`Resources.follow_mig_changes` re-advertises once a burst of MIG layout changes
 is over. Which resources still need registering is kept in ``pending``; the registrar
 (:mod:`gpunode.device_plugin.registrar`) works through it when ``kick`` is set.
+
+Faults leave no stale state. A GPU that is lost (fallen off the bus) keeps the devices last read of it,
+advertised Unhealthy, instead of failing the rebuild of the others; a GPU lost before it was ever read is
+remembered (``unread``) and read once it answers. What the health probe watches (``gpus``) is replaced
+only by a rebuild that succeeded. A rebuild that fails (an NVML error) is retried with backoff until one
+succeeds, and a MIG layout change is re-advertised only once the layout has been quiet for a moment: a
+half-applied layout is not published.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpunode.common.runtime import sleep_or
+from gpunode.common.runtime import Backoff, sleep_or
 from gpunode.device_plugin.devices import DeviceConfigError, Resource, build_inventory
 from gpunode.device_plugin.server import ResourceServer, SharedState
+from gpunode.nvml import errors
 from gpunode.nvml.caps import read_mig_minors
 
 if TYPE_CHECKING:
@@ -26,11 +35,41 @@ if TYPE_CHECKING:
     from gpunode.device_plugin.metrics import DevicePluginMetrics
     from gpunode.device_plugin.settings import PluginSettings
     from gpunode.nvml import Nvml
-    from gpunode.nvml.api import GpuInfo
+    from gpunode.nvml.api import GpuInfo, MigDevice, Topology
 
-__all__ = ["Resources"]
+__all__ = ["MIG_SETTLE", "MIG_SETTLE_MAX", "Resources", "settle"]
 
-MIG_QUIET = 0.3  # a MIG layout change is a burst of events: re-advertise once it has been quiet this long
+# A MIG layout change is a burst of events (every GPU and compute instance destroyed and created): it is
+# re-advertised once no MIG event came for MIG_SETTLE seconds, or MIG_SETTLE_MAX seconds after the burst
+# began, whichever comes first (a layout changing without end is still advertised now and then).
+MIG_SETTLE = 0.75
+MIG_SETTLE_MAX = 5.0
+RETRY_FIRST = 0.5  # a failed rebuild is retried after this long, then twice as long, ...
+RETRY_MAX = 30.0  # ... up to this
+
+
+async def settle(event: asyncio.Event, quiet: float, cap: float) -> None:
+    """Return once ``event`` has not been set for ``quiet`` seconds, or ``cap`` seconds from now.
+
+    ``event`` is cleared on the way: set again when this returns, it tells of a change that came after."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cap
+    while True:
+        event.clear()
+        left = deadline - loop.time()
+        if left <= 0 or not await sleep_or(event, min(quiet, left)):
+            return
+
+
+@dataclass(frozen=True)
+class Built:
+    """One read of the node: the GPUs (lost ones as last read), their MIG devices, the resources."""
+
+    gpus: list[GpuInfo]
+    migs: dict[int, list[MigDevice]]
+    resources: list[Resource]
+    lost: frozenset[int]  # GPUs lost now, advertised as last read
+    unread: frozenset[int]  # GPUs lost now and never read: nothing of them is advertised
 
 
 class Resources:
@@ -45,15 +84,21 @@ class Resources:
         metrics: DevicePluginMetrics,
         base_metrics: AgentMetrics,
         log: Logger,
+        mig_settle: float = MIG_SETTLE,
+        mig_settle_max: float = MIG_SETTLE_MAX,
     ) -> None:
         self.state = state
+        self.mig_settle = mig_settle
+        self.mig_settle_max = mig_settle_max
         self.plugin_dir = plugin_dir
         self.host = host
         self.metrics = metrics
         self.base_metrics = base_metrics
         self.log = log
         self.nvml: Nvml | None = None
-        self.gpus: list[GpuInfo] = []
+        self.gpus: list[GpuInfo] = []  # as the last successful rebuild read them; the health probe's
+        self.migs: dict[int, list[MigDevice]] = {}  # MIG devices per GPU index, as last read
+        self.unread: frozenset[int] = frozenset()  # GPUs lost before they were ever read
         self.servers: dict[str, ResourceServer] = {}
         self.pending: set[str] = set()  # resources the kubelet has not been told of (yet, or again)
         self.kick = asyncio.Event()  # the registrar has something to do
@@ -64,16 +109,48 @@ class Resources:
         from_sysfs = self.host.read_numa_node(gpu.pci.sysfs_bus_id)
         return from_sysfs if from_sysfs is not None else gpu.numa_node
 
-    async def build(self, settings: PluginSettings) -> list[Resource]:
+    async def build(self, settings: PluginSettings) -> Built:
+        """Read the node and derive the resources for ``settings``; nothing of ``self`` changes.
+
+        A GPU NVML calls lost (now, or between two calls) keeps what was last read of it; any other NVML
+        error fails the read (the caller retries). Raises :class:`DeviceConfigError` for a refused layout."""
         assert self.nvml is not None
-        gpus = await self.nvml.gpus()
-        migs = {g.index: await self.nvml.mig_devices(g.index) for g in gpus if g.mig_enabled}
+        nvml = self.nvml
+        lost = set(await nvml.lost_gpus())
+        gpus: dict[int, GpuInfo] = {}
+        migs: dict[int, list[MigDevice]] = {}
+        for gpu in await nvml.gpus():
+            if gpu.index in lost:
+                continue
+            if gpu.mig_enabled:
+                try:
+                    migs[gpu.index] = await nvml.mig_devices(gpu.index)
+                except errors.GpuLost:
+                    lost.add(gpu.index)
+                    continue
+            gpus[gpu.index] = gpu
+        kept: set[int] = set()
+        for gpu in self.gpus:  # lost since the last read (or gone from gpus() in between): as last read
+            if gpu.index not in gpus:
+                lost.add(gpu.index)
+                kept.add(gpu.index)
+                gpus[gpu.index] = gpu
+                if gpu.index in self.migs:
+                    migs[gpu.index] = self.migs[gpu.index]
+        ordered = [gpus[i] for i in sorted(gpus)]
         minors = read_mig_minors(self.host)
-        inventory = build_inventory(gpus, migs, settings, numa=self._numa, mig_minors=minors)
+        inventory = build_inventory(ordered, migs, settings, numa=self._numa, mig_minors=minors)
         for warning in inventory.warnings:
             self.log.warning("inventory_warning", detail=warning)
-        self.gpus = gpus
-        return list(inventory.resources)
+        return Built(ordered, migs, list(inventory.resources), frozenset(kept), frozenset(lost - set(gpus)))
+
+    async def _topology(self) -> Topology | None:
+        """The GPUs' connectivity; with a GPU lost, the last one read (hardware does not rewire)."""
+        assert self.nvml is not None
+        try:
+            return await self.nvml.topology()
+        except errors.GpuLost:
+            return self.state.topology
 
     async def reconcile(self, settings: PluginSettings | None = None, *, initial: bool = False) -> str | None:
         """Bring the servers in line with the node for ``settings`` (default: those in force).
@@ -84,18 +161,27 @@ class Resources:
             assert self.nvml is not None
             target = settings or self.state.settings
             try:
-                resources = await self.build(target)
+                built = await self.build(target)
             except DeviceConfigError as exc:
                 if initial:
                     raise
                 self.log.error("resources_rejected", error=str(exc), keeping="the current resources")
                 self.base_metrics.count_error("resources")
                 return str(exc)
+            topology = await self._topology()
+            # every NVML read succeeded: from here on the node as read replaces what was known
+            self.gpus, self.migs, self.unread = built.gpus, built.migs, built.unread
+            if built.lost or built.unread:
+                self.log.warning(
+                    "gpus_lost",
+                    advertised_as_last_read=sorted(built.lost),
+                    never_read=sorted(built.unread),
+                )
             self.state.settings = target
             self.state.dev_root = Path(target.dev_root)
-            self.state.topology = await self.nvml.topology()
+            self.state.topology = topology
             self.state.health.forget(g.uuid for g in self.gpus)
-            wanted = {r.name: r for r in resources if r.devices}
+            wanted = {r.name: r for r in built.resources if r.devices}
             for name in list(self.servers):
                 if name not in wanted:
                     await self._withdraw(name)
@@ -144,19 +230,30 @@ class Resources:
             self.kick.set()
 
     async def follow_mig_changes(self) -> None:
-        """MIG layout changes arrive as bursts of events: wait for a quiet moment, then re-advertise."""
+        """Re-advertise after a MIG layout change (``rebuild``) once the layout is quiet (:func:`settle`);
+        a rebuild that fails is retried with backoff until one succeeds (sooner after a new MIG event)."""
+        backoff = Backoff(first=RETRY_FIRST, cap=RETRY_MAX)
         while True:
             await self.rebuild.wait()
-            while True:
-                self.rebuild.clear()
-                if not await sleep_or(self.rebuild, MIG_QUIET):
-                    break
+            await settle(self.rebuild, self.mig_settle, self.mig_settle_max)
             self.log.info("mig_layout_changed")
-            try:
-                await self.reconcile()
-            except Exception:
-                self.log.error("reconcile_failed", exc_info=True)
-                self.base_metrics.count_error("reconcile")
+            while True:
+                try:
+                    await self.reconcile()
+                except Exception as exc:
+                    delay = backoff.next()
+                    self.log.error(
+                        "reconcile_failed",
+                        error=f"{type(exc).__name__}: {exc}",
+                        retry_in_s=delay,
+                        exc_info=not isinstance(exc, errors.NvmlError),  # NVML's errors say enough
+                    )
+                    self.base_metrics.count_error("reconcile")
+                    if await sleep_or(self.rebuild, delay):  # the layout changes again: let it settle
+                        await settle(self.rebuild, self.mig_settle, self.mig_settle_max)
+                    continue
+                backoff.reset()
+                break
 
     async def stop_all(self) -> None:
         for server in list(self.servers.values()):

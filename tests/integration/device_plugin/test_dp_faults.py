@@ -1,0 +1,219 @@
+"""Faults leave no stale state: what the kubelet holds matches the node after a lost GPU, a MIG layout
+change made meanwhile, an NVML error during a rebuild, and the GPU's return (issue 14, item 9)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from gpunode.nvml import errors, mig
+from gpunode.sim import nvml as sim
+from gpunode.sim.kubelet import FakeKubelet
+from helpers.waiting import SkewedClock
+
+Starter = Any  # the start_plugin fixture (see conftest.py)
+
+MIG_TOOL = str(Path(sys.executable).parent / "gpunode-mig")
+MIXED = {"mig_strategy": "mixed"}
+# all-balanced on an A100-40GB, largest first (the driver places from the top of the slice range down)
+BALANCED = {mig.GI_3_SLICE: 1, mig.GI_2_SLICE: 1, mig.GI_1_SLICE: 2}
+
+LAYOUTS = """\
+version: v1
+mig-configs:
+  all-balanced:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
+  seven-1g-on-0-6:
+    - devices: [0, 1, 2, 3, 4, 5, 6]
+      mig-enabled: true
+      mig-devices: {"1g.5gb": 7}
+"""
+
+
+def all_balanced(st: sim.SimNodeState) -> None:
+    """Every GPU of the node in MIG mode with two 1g, one 2g and one 3g instance."""
+    for gpu in range(len(st.gpus)):
+        assert st.set_mig_mode(gpu, 1)[0] == 0
+        st.reset_gpu(gpu)
+        for enum, count in BALANCED.items():
+            for _ in range(count):
+                ret, gi = st.create_gi(gpu, enum, None)
+                assert ret == 0
+                slices = mig.GI_ENUMS[enum][0]
+                ci_enum = next(e for e, c in mig.CI_ENUMS.items() if c == slices)
+                assert st.create_ci(gpu, gi, ci_enum, None)[0] == 0
+
+
+def node_view(state: Path) -> tuple[dict[str, set[str]], set[str]]:
+    """What the node holds: the MIG device IDs per mixed-strategy resource, and those on lost GPUs."""
+    st = sim.SimNode.open(state).state
+    resources: dict[str, set[str]] = defaultdict(set)
+    on_lost: set[str] = set()
+    for gpu, g in enumerate(st.gpus):
+        product = st.product(gpu)
+        for gi, ci in st.mig_devices(gpu):
+            spec = product.gi_profile(gi.profile)
+            assert spec is not None
+            gi_name = mig.gi_profile_name(gi.profile, product.memory_mib << 20, spec.memory_mib)
+            name = "nvidia.com/mig-" + mig.ci_profile_name(gi_name, ci.size).replace("+", ".")
+            uuid = st.mig_uuid(gpu, gi.id, ci.id)
+            resources[name].add(uuid)
+            if g.lost:
+                on_lost.add(uuid)
+    return dict(resources), on_lost
+
+
+def kubelet_view(kubelet: FakeKubelet) -> dict[str, set[str]]:
+    """The device IDs per resource the kubelet holds (a resource whose stream ended holds none)."""
+    return {
+        name: set(p.devices)
+        for name, p in kubelet.plugins.items()
+        if not p.ended and p.devices and name.startswith("nvidia.com/mig-")
+    }
+
+
+def mismatch(kubelet: FakeKubelet, state: Path) -> str:
+    """ "" when the kubelet holds what the node has: the same devices, and those of lost GPUs Unhealthy."""
+    want, on_lost = node_view(state)
+    got = kubelet_view(kubelet)
+    if got != want:
+        return f"devices differ: kubelet {_counts(got)}, node {_counts(want)}"
+    healthy = {i for name in got for i in kubelet.healthy(name)}
+    if healthy & on_lost:
+        return f"{len(healthy & on_lost)} devices of a lost GPU are Healthy"
+    return ""
+
+
+def _counts(view: dict[str, set[str]]) -> dict[str, int]:
+    return {name: len(ids) for name, ids in sorted(view.items())}
+
+
+async def matches(kubelet: FakeKubelet, state: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (why := mismatch(kubelet, state)) != "":
+        assert time.monotonic() < deadline, why
+        await asyncio.sleep(0.05)
+
+
+async def apply_layout(state: Path, tmp: Path, name: str) -> None:
+    """``gpunode-mig apply`` as another process, the way an admin changes a layout (no MIG manager)."""
+    config = tmp / "layouts.yaml"
+    config.write_text(LAYOUTS)
+    proc = await asyncio.create_subprocess_exec(
+        MIG_TOOL,
+        "apply",
+        "-f",
+        str(config),
+        "-c",
+        name,
+        "--sim-state",
+        str(state),
+        "--journal-file",
+        str(tmp / "journal.json"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode()[-2000:]
+
+
+async def test_layout_change_beside_a_lost_gpu_is_advertised_and_the_gpu_recovers(
+    start_plugin: Starter, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    r = await start_plugin(
+        overrides=MIXED, prepare=all_balanced, recovery_period=0.5, wait="nvidia.com/mig-3g.20gb"
+    )
+    await matches(kubelet, r.state, timeout=5)
+    with r.mutate() as st:
+        st.lose(7)
+    await matches(kubelet, r.state, timeout=5)  # GPU 7's four devices Unhealthy
+    assert len({i for p in kubelet_view(kubelet).values() for i in p} - kubelet_healthy(kubelet)) == 4
+
+    await apply_layout(r.state, tmp_path, "seven-1g-on-0-6")
+    await matches(kubelet, r.state, timeout=10)
+    view = kubelet_view(kubelet)
+    assert len(view["nvidia.com/mig-1g.5gb"]) == 7 * 7 + 2  # GPU 7 keeps its two 1g (Unhealthy)
+    assert len(view["nvidia.com/mig-2g.10gb"]) == len(view["nvidia.com/mig-3g.20gb"]) == 1
+
+    with r.mutate() as st:
+        st.restore(7)
+    restored = time.monotonic()
+    await kubelet.wait_for(lambda: not any(kubelet.unhealthy(name) for name in kubelet_view(kubelet)), 5)
+    # Healthy again after the hold-down (0.5 s), not after some later rebuild
+    assert time.monotonic() - restored < 3.0
+    assert mismatch(kubelet, r.state) == ""
+
+
+def kubelet_healthy(kubelet: FakeKubelet) -> set[str]:
+    return {i for name in kubelet_view(kubelet) for i in kubelet.healthy(name)}
+
+
+async def test_a_failed_rebuild_is_retried_until_it_succeeds(
+    start_plugin: Starter, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    r = await start_plugin(overrides=MIXED, prepare=all_balanced, wait="nvidia.com/mig-3g.20gb")
+    nvml = r.plugin.nvml
+    assert nvml is not None
+    failures = {"left": 3}
+    real = nvml.mig_devices
+
+    async def flaky(index: int) -> Any:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise errors.NvmlError("Unknown Error", 999)
+        return await real(index)
+
+    nvml.mig_devices = flaky  # type: ignore[method-assign]
+    await apply_layout(r.state, tmp_path, "seven-1g-on-0-6")
+    # no further MIG event comes: the rebuild that failed three times is retried until it succeeds
+    await matches(kubelet, r.state, timeout=15)
+    assert failures["left"] == 0
+
+
+async def test_a_gpu_lost_at_start_is_advertised_once_it_returns(
+    start_plugin: Starter, kubelet: FakeKubelet
+) -> None:
+    def balanced_and_lost(st: sim.SimNodeState) -> None:
+        all_balanced(st)
+        st.lose(7)
+
+    clock = SkewedClock()
+    r = await start_plugin(
+        overrides=MIXED,
+        prepare=balanced_and_lost,
+        recovery_period=0.3,
+        wait="nvidia.com/mig-3g.20gb",
+        clock=clock,
+    )
+    assert len(kubelet_view(kubelet)["nvidia.com/mig-3g.20gb"]) == 7  # nothing known of GPU 7 yet
+    with r.mutate() as st:
+        st.restore(7)
+    await matches(kubelet, r.state, timeout=5)
+    assert len(kubelet_view(kubelet)["nvidia.com/mig-3g.20gb"]) == 8
+
+
+async def test_a_layout_being_applied_is_advertised_only_once_complete(
+    start_plugin: Starter, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    r = await start_plugin(overrides=MIXED, prepare=all_balanced, wait="nvidia.com/mig-3g.20gb")
+    before = kubelet_view(kubelet)
+    seen: dict[str, set[frozenset[str]]] = defaultdict(set)
+
+    def record() -> bool:  # called at every change the kubelet sees
+        for name in before.keys() | kubelet_view(kubelet).keys():
+            seen[name].add(frozenset(kubelet_view(kubelet).get(name, ())))
+        return False
+
+    watching = asyncio.create_task(kubelet.wait_for(record, timeout=60))
+    await apply_layout(r.state, tmp_path, "seven-1g-on-0-6")
+    await matches(kubelet, r.state, timeout=10)
+    watching.cancel()
+    after = kubelet_view(kubelet)
+    for name, views in seen.items():  # each resource went from the old list straight to the new one
+        assert views <= {frozenset(before.get(name, ())), frozenset(after.get(name, ()))}, name
