@@ -1,28 +1,97 @@
 """The event-loop transport of the agents' HTTP endpoint (:mod:`gpunode.common.httpcore` says what it
-answers), for agents whose scrapes must stay fast under many concurrent clients.
+answers and the connection policy: whole-request deadline, answer deadline, connection cap).
 
-The threaded `HealthServer` gives every connection its own thread; under a burst of scrapers those
-threads queue for the GIL and the slowest answers wait tens of milliseconds. Here every request is
-answered in order by the event loop from precomputed bytes, so the wait is fair and short.
+The exporter runs it on its own event loop: every request is answered in order from precomputed
+bytes, so the wait is fair and short under many concurrent scrapers. The threaded transport
+(:class:`gpunode.common.http.HealthServer`) runs the same endpoint on a private loop in one thread, with
+``/metrics`` rendered by a small pool of threads: either way no connection gets a thread of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import re
+import socket
+from collections.abc import Collection, Mapping
+from concurrent.futures import Executor
 
-from gpunode.common.httpcore import IDLE_TIMEOUT_S, MAX_REQUEST_BYTES, Route, respond
+from gpunode.common.httpcore import (
+    ANSWER_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    MAX_REQUEST_BYTES,
+    REQUEST_TIMEOUT_S,
+    Route,
+    request_path,
+    respond,
+)
 
 __all__ = ["AsyncEndpoint"]
 
+BACKLOG = 128  # listen backlog: a burst of scrapers does not wait for SYN retries
+_HEAD_END = re.compile(rb"(?:^|\n)\r?\n")  # the blank line after the headers (CRLF or bare LF)
+
+
+class _TooLarge(Exception):
+    """The request head is longer than MAX_REQUEST_BYTES: dropped unanswered."""
+
+
+async def _read_head(reader: asyncio.StreamReader, buffered: bytearray) -> bytes:
+    """The request line and headers through the blank line; what follows stays in ``buffered``.
+
+    Raises :class:`asyncio.IncompleteReadError` at end of input, :class:`_TooLarge` past the limit.
+    """
+    searched = 0
+    while True:
+        found = _HEAD_END.search(buffered, max(0, searched - 3))
+        if found is not None:
+            head = bytes(buffered[: found.end()])
+            del buffered[: found.end()]
+            return head
+        if len(buffered) > MAX_REQUEST_BYTES:
+            raise _TooLarge
+        searched = len(buffered)
+        chunk = await reader.read(MAX_REQUEST_BYTES + 1 - len(buffered))
+        if not chunk:
+            raise asyncio.IncompleteReadError(bytes(buffered), None)
+        buffered += chunk
+
 
 class AsyncEndpoint:
-    def __init__(self, routes: Mapping[str, Route], *, host: str = "127.0.0.1", port: int = 0) -> None:
+    """Serves ``routes`` on ``host:port`` from the running event loop.
+
+    ``max_connections``, ``request_timeout`` and ``answer_timeout``: the connection policy of
+    :mod:`gpunode.common.httpcore`. With an ``executor``, requests for the paths in ``offload`` are
+    answered on it (a slow ``/metrics`` render then delays neither the loop nor ``/healthz``).
+    """
+
+    def __init__(
+        self,
+        routes: Mapping[str, Route],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_connections: int = MAX_CONNECTIONS,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+        answer_timeout: float = ANSWER_TIMEOUT_S,
+        executor: Executor | None = None,
+        offload: Collection[str] = (),
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {max_connections}")
         self.routes = dict(routes)
         self.host = host
         self.requested_port = port
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self.answer_timeout = answer_timeout
+        self.executor = executor
+        self.offload = frozenset(offload) if executor is not None else frozenset()
         self._server: asyncio.Server | None = None
+        self._open: dict[asyncio.StreamWriter, asyncio.Task[None] | None] = {}  # admitted connections
+        # admitted connections waiting for a request or for their answer to be read, longest first:
+        # the ones a new connection beyond the cap closes
+        self._evictable: dict[asyncio.StreamWriter, None] = {}
 
     @property
     def port(self) -> int:
@@ -30,31 +99,89 @@ class AsyncEndpoint:
             raise RuntimeError("endpoint not started")
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def start(self) -> None:
-        """Bind and listen (raises OSError, e.g. when the port is in use)."""
-        self._server = await asyncio.start_server(
-            self._handle, self.host, self.requested_port, limit=MAX_REQUEST_BYTES, backlog=128
-        )
+    @property
+    def connections(self) -> int:
+        """Connections open now (admitted, not yet closed)."""
+        return len(self._open)
+
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Listen on ``host:port``, or on ``sock`` (bound and listening) when given. Raises OSError
+        (e.g. when the port is in use)."""
+        if sock is not None:
+            self._server = await asyncio.start_server(self._handle, sock=sock, limit=MAX_REQUEST_BYTES)
+        else:
+            self._server = await asyncio.start_server(
+                self._handle, self.host, self.requested_port, limit=MAX_REQUEST_BYTES, backlog=BACKLOG
+            )
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        """Stop listening and cut every open connection."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        tasks = [task for task in self._open.values() if task is not None]
+        for writer in list(self._open):
+            writer.transport.abort()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if server is not None:
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
+                await server.wait_closed()
+
+    def _make_room(self) -> bool:
+        """Close the connection that has waited longest (for a request, or for its answer to be read);
+        False when every connection is having its answer computed."""
+        if not self._evictable:
+            return False
+        oldest = next(iter(self._evictable))
+        del self._evictable[oldest]
+        self._open.pop(oldest, None)  # counted out now, not when its task gets round to it
+        oldest.transport.abort()
+        return True
+
+    async def _answer(self, head: bytes) -> tuple[bytes, bool]:
+        if self.executor is not None and request_path(head) in self.offload:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, respond, self.routes, head)
+        return respond(self.routes, head)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._open) >= self.max_connections and not self._make_room():
+            writer.transport.abort()  # refused: every admitted connection is being answered
+            return
+        self._open[writer] = asyncio.current_task()
+        buffered = bytearray()
+        clean = False
         try:
             keep_alive = True
             while keep_alive:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IDLE_TIMEOUT_S)
-                answer, keep_alive = respond(self.routes, head)
-                writer.write(answer)
-                del answer  # an idle kept-alive connection holds no copy of its last scrape
-                await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+                self._evictable[writer] = None  # (re)queued last: the newest waiter
+                try:
+                    async with asyncio.timeout(self.request_timeout):
+                        head = await _read_head(reader, buffered)
+                finally:
+                    self._evictable.pop(writer, None)
+                async with asyncio.timeout(self.answer_timeout):
+                    answer, keep_alive = await self._answer(head)
+                    if writer not in self._open:
+                        return  # cut meanwhile (the endpoint closed)
+                    writer.write(answer)
+                    del answer  # an idle kept-alive connection holds no copy of its last answer
+                    self._evictable[writer] = None
+                    try:
+                        await writer.drain()
+                    finally:
+                        self._evictable.pop(writer, None)
+            clean = True
+        except (asyncio.IncompleteReadError, _TooLarge, TimeoutError, ConnectionError):
             pass
         finally:
-            writer.close()
+            self._open.pop(writer, None)
+            if clean:
+                writer.close()  # the last answer is written: FIN
+            else:
+                writer.transport.abort()  # a deadline, an eviction, a reset: nothing left to flush
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -1,11 +1,17 @@
 """The threaded transport of the agents' HTTP endpoint (:mod:`gpunode.common.httpcore` says what it answers).
 
-Why a listener thread rather than the event loop (:mod:`gpunode.common.asynchttp`):
+Why a thread of its own rather than the agent's event loop (:mod:`gpunode.common.asynchttp`):
 
 * liveness must reflect *event-loop progress*. Served from a thread, ``/healthz`` still answers when
   the loop is wedged and can say so with a clean 503 (a loop-side task stamps a heartbeat; the thread
   compares it with the clock). An endpoint on the loop would just stop answering;
 * rendering ``/metrics`` (custom collectors, many series) never blocks the event loop.
+
+The thread runs the event-loop transport on a private loop: connections cost no thread, the
+connection policy is the same (deadlines, cap), and the answers are byte for byte the same.
+``/healthz`` and ``/readyz`` are answered on that thread; ``/metrics`` is rendered by a pool of
+:data:`RENDER_THREADS` threads, so a slow render never delays a probe. The process therefore gains at
+most ``1 + RENDER_THREADS`` threads, however many clients connect.
 
 Readiness checks run on the HTTP thread, so they must be cheap and thread-safe.
 """
@@ -13,24 +19,22 @@ Readiness checks run on the HTTP thread, so they must be cheap and thread-safe.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import socket
-import socketserver
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from gpunode.common.asynchttp import BACKLOG, AsyncEndpoint
 from gpunode.common.httpcore import (
-    IDLE_TIMEOUT_S,
-    MAX_REQUEST_BYTES,
+    ANSWER_TIMEOUT_S,
+    MAX_CONNECTIONS,
+    REQUEST_TIMEOUT_S,
     Health,
-    Route,
     metrics_route,
     registry_renderer,
-    respond,
 )
 from gpunode.common.logging import get_logger
 
@@ -38,45 +42,23 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from structlog.stdlib import BoundLogger
 
-__all__ = ["HealthServer"]
+__all__ = ["RENDER_THREADS", "HealthServer"]
+
+RENDER_THREADS = 2  # threads rendering /metrics (the probes are answered by the HTTP thread itself)
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    request_queue_size = 128  # listen backlog: socketserver's 5 makes bursts of scrapers wait for SYN retries
-    daemon_threads = True
-    allow_reuse_address = True
-    routes: dict[str, Route]
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-def _read_head(rfile: io.BufferedIOBase) -> bytes | None:
-    """The request line and headers through the blank line; None at EOF or when too long."""
-    head = b""
-    while True:
-        line = rfile.readline(MAX_REQUEST_BYTES + 1 - len(head))
-        head += line
-        if not line or len(head) > MAX_REQUEST_BYTES:
-            return None
-        if line in (b"\r\n", b"\n"):
-            return head
-
-
-class _Handler(socketserver.StreamRequestHandler):
-    server: _Server
-    timeout = IDLE_TIMEOUT_S  # a stuck client frees its thread
-    disable_nagle_algorithm = True  # one write per answer; as asyncio does
-
-    def handle(self) -> None:
-        with contextlib.suppress(OSError):  # timeouts, resets
-            while (head := _read_head(self.rfile)) is not None:
-                answer, keep_alive = respond(self.server.routes, head)
-                self.wfile.write(answer)
-                del answer  # an idle kept-alive connection holds no copy of its last answer
-                if not keep_alive:
-                    return
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when the host has a colon)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class HealthServer(Health):
@@ -88,6 +70,8 @@ class HealthServer(Health):
 
     ``/healthz`` is 200 while the event loop stamped a heartbeat within ``stale_after`` seconds, 503
     otherwise. ``/readyz`` runs the named checks (:class:`~gpunode.common.httpcore.Health`).
+    ``max_connections``, ``request_timeout``, ``answer_timeout``: the connection policy
+    (:mod:`gpunode.common.httpcore`).
     """
 
     def __init__(
@@ -99,7 +83,9 @@ class HealthServer(Health):
         heartbeat_interval: float = 1.0,
         stale_after: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
-        poll_interval: float = 0.5,
+        max_connections: int = MAX_CONNECTIONS,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+        answer_timeout: float = ANSWER_TIMEOUT_S,
         log: BoundLogger | None = None,
     ) -> None:
         super().__init__(stale_after=stale_after, clock=clock)
@@ -107,18 +93,23 @@ class HealthServer(Health):
         self.host = host
         self.requested_port = port
         self.heartbeat_interval = heartbeat_interval
-        self.poll_interval = poll_interval
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self.answer_timeout = answer_timeout
         self.log = log if log is not None else get_logger("gpunode.http")
-        self._server: _Server | None = None
+        self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._heartbeat: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
         """The bound port (the requested one until started)."""
-        if self._server is None:
+        if self._sock is None:
             return self.requested_port
-        return int(self._server.server_address[1])
+        return int(self._sock.getsockname()[1])
 
     @property
     def url(self) -> str:
@@ -126,33 +117,77 @@ class HealthServer(Health):
         return f"http://{host}:{self.port}"
 
     def start(self) -> None:
-        """Bind and start serving on a thread (synchronous; prefer ``async with``)."""
-        if self._server is not None:
+        """Bind and start serving on a thread (synchronous; prefer ``async with``). Raises OSError
+        when the address cannot be bound."""
+        if self._sock is not None:
             raise RuntimeError("HealthServer already started")
-        server_class = _Server6 if ":" in self.host else _Server
-        server = server_class((self.host, self.requested_port), _Handler)
+        sock = _listen(self.host, self.requested_port)
+        port = int(sock.getsockname()[1])
         metrics = None if self.registry is None else metrics_route(registry_renderer(self.registry), self.log)
-        server.routes = self.routes(metrics)
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": self.poll_interval},
-            name=f"http-{self.port}",
-            daemon=True,
+        pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix=f"http-{port}-render")
+        endpoint = AsyncEndpoint(
+            self.routes(metrics),
+            host=self.host,
+            port=port,
+            max_connections=self.max_connections,
+            request_timeout=self.request_timeout,
+            answer_timeout=self.answer_timeout,
+            executor=pool,
+            offload=("/metrics",),
         )
-        self._thread.start()
-        self.log.info("http_listening", host=self.host, port=self.port)
+        started = threading.Event()
+        failed: list[BaseException] = []
+        thread = threading.Thread(
+            target=self._serve, args=(endpoint, sock, started, failed), name=f"http-{port}", daemon=True
+        )
+        thread.start()
+        started.wait()
+        if failed:
+            thread.join()
+            pool.shutdown(wait=False)
+            sock.close()
+            raise failed[0]
+        self._sock, self._thread, self._pool = sock, thread, pool
+        self.log.info("http_listening", host=self.host, port=port)
+
+    def _serve(
+        self,
+        endpoint: AsyncEndpoint,
+        sock: socket.socket,
+        started: threading.Event,
+        failed: list[BaseException],
+    ) -> None:
+        """The HTTP thread: the endpoint on a private event loop until :meth:`stop`."""
+
+        async def main() -> None:
+            try:
+                await endpoint.start(sock)
+            except BaseException as exc:
+                failed.append(exc)
+                started.set()
+                return
+            self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+            started.set()
+            try:
+                await self._stopping.wait()
+            finally:
+                await endpoint.close()
+
+        asyncio.run(main())
 
     def stop(self) -> None:
-        """Stop serving and close the socket (blocks up to ``poll_interval``)."""
-        server, thread = self._server, self._thread
-        if server is None:
+        """Stop serving: close the socket and every connection, end the thread."""
+        thread, loop, stopping, pool = self._thread, self._loop, self._stopping, self._pool
+        if thread is None:
             return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join()
-        self._server, self._thread = None, None
+        if loop is not None and stopping is not None:
+            loop.call_soon_threadsafe(stopping.set)
+        thread.join()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)  # a render still running ends on its own
+        if self._sock is not None:
+            self._sock.close()
+        self._sock, self._thread, self._loop, self._stopping, self._pool = None, None, None, None, None
 
     async def _beat_forever(self) -> None:
         while True:

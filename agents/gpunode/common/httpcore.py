@@ -12,6 +12,17 @@ the connection (its body is never read as the next request). HTTP/1.1 keeps the 
 unless the client sends ``Connection: close``; HTTP/1.0 closes after the answer. The query string is
 ignored. Text answers are ``text/plain; charset=utf-8``; nothing is cached (``Cache-Control:
 no-store``).
+
+Connections (one policy, :class:`gpunode.common.asynchttp.AsyncEndpoint`, which both transports run):
+
+* a whole-request deadline: a request's head must be complete :data:`REQUEST_TIMEOUT_S` after the
+  connection opened or the previous answer was written (a client trickling bytes, or idling, is cut
+  off then, however often it sends); an answer must be computed and written within
+  :data:`ANSWER_TIMEOUT_S` (a client that does not read it is cut off);
+* a connection cap, :data:`MAX_CONNECTIONS`: a connection beyond it makes room by closing the one
+  that has waited longest for its request or for its answer to be read (a slow or idle client), so a
+  probe still gets in during a flood of slow clients; when every connection is having its answer
+  computed, the new one is closed at once, unanswered.
 """
 
 from __future__ import annotations
@@ -30,8 +41,10 @@ if TYPE_CHECKING:  # importing prometheus_client reads /proc (its default regist
     from structlog.stdlib import BoundLogger
 
 __all__ = [
-    "IDLE_TIMEOUT_S",
+    "ANSWER_TIMEOUT_S",
+    "MAX_CONNECTIONS",
     "MAX_REQUEST_BYTES",
+    "REQUEST_TIMEOUT_S",
     "TEXT",
     "Check",
     "CheckResult",
@@ -42,12 +55,15 @@ __all__ = [
     "default_listen_host",
     "metrics_route",
     "registry_renderer",
+    "request_path",
     "respond",
 ]
 
 TEXT = "text/plain; charset=utf-8"
 MAX_REQUEST_BYTES = 16384  # request line and headers; a longer request is dropped unanswered
-IDLE_TIMEOUT_S = 10.0  # seconds a client may take to send its request; then the connection closes
+REQUEST_TIMEOUT_S = 5.0  # seconds from connecting (or the last answer) to the end of the request's head
+ANSWER_TIMEOUT_S = 10.0  # seconds to compute and write one answer (a client that does not read it)
+MAX_CONNECTIONS = 64  # open connections per endpoint; above 50 concurrent scrapers (benchmarks/exporter.py)
 
 Reply = tuple[int, bytes, str]  # status, body, content type
 Route = Callable[[str], Reply]  # the request's Accept header -> its reply
@@ -200,6 +216,13 @@ def build_response(
         *(f"{key}: {value}" for key, value in (headers or {}).items()),
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body)
+
+
+def request_path(head: bytes) -> str:
+    """The path of a request head's target (no query string); "" when the request line is malformed."""
+    lines = head.splitlines()
+    parts = lines[0].split(b" ") if lines else []
+    return parts[1].partition(b"?")[0].decode("latin-1") if len(parts) == 3 else ""
 
 
 def respond(routes: Mapping[str, Route], head: bytes) -> tuple[bytes, bool]:

@@ -37,9 +37,6 @@ async def request(
     return await asyncio.to_thread(_request_sync, port, method, path, headers or {})
 
 
-POLL = 0.01  # fast shutdown of the listener thread in tests (default 0.5 s)
-
-
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -64,7 +61,6 @@ async def server(metrics: AgentMetrics) -> AsyncIterator[tuple[HealthServer, Fak
         heartbeat_interval=3600,
         stale_after=10,
         clock=clock,
-        poll_interval=POLL,
     ) as endpoint:
         yield endpoint, clock
 
@@ -90,7 +86,7 @@ async def test_healthz_follows_the_heartbeat(server: tuple[HealthServer, FakeClo
 async def test_wedged_loop_fails_liveness_until_it_runs_again() -> None:
     clock = FakeClock()
     async with HealthServer(
-        None, port=0, heartbeat_interval=0.001, stale_after=10, clock=clock, poll_interval=POLL
+        None, port=0, heartbeat_interval=0.001, stale_after=10, clock=clock
     ) as endpoint:
         clock.now += 60
         # a blocking call on the loop thread: the heartbeat task cannot run, the HTTP thread still answers
@@ -182,7 +178,7 @@ async def test_routes_and_methods(
 
 
 async def test_metrics_404_without_registry() -> None:
-    async with HealthServer(None, port=0, poll_interval=POLL) as endpoint:
+    async with HealthServer(None, port=0) as endpoint:
         assert (await request(endpoint.port, "/metrics")).status == 404
 
 
@@ -195,14 +191,14 @@ async def test_failing_collector_gives_500(metrics: AgentMetrics) -> None:
             return []
 
     metrics.registry.register(Broken())  # type: ignore[arg-type]
-    async with HealthServer(metrics.registry, port=0, poll_interval=POLL) as endpoint:
+    async with HealthServer(metrics.registry, port=0) as endpoint:
         reply = await request(endpoint.port, "/metrics")
         assert reply.status == 500
         assert (await request(endpoint.port, "/healthz")).status == 200  # the server survives
 
 
 async def test_stops_cleanly_in_a_task_group() -> None:
-    endpoint = HealthServer(None, port=0, poll_interval=POLL)
+    endpoint = HealthServer(None, port=0)
     before = asyncio.all_tasks()
     async with asyncio.TaskGroup() as tg:
         task = tg.create_task(endpoint.serve(), name="http")
@@ -220,7 +216,7 @@ async def test_stops_cleanly_in_a_task_group() -> None:
 
 
 async def test_start_twice_is_an_error() -> None:
-    async with HealthServer(None, port=0, poll_interval=POLL) as endpoint:
+    async with HealthServer(None, port=0) as endpoint:
         with pytest.raises(RuntimeError, match="already started"):
             endpoint.start()
 

@@ -11,6 +11,7 @@ from gpunode.common.httpcore import (
     build_response,
     default_listen_host,
     metrics_route,
+    request_path,
     respond,
 )
 
@@ -63,7 +64,11 @@ def test_head_sends_the_get_headers_without_the_body() -> None:
 def test_other_methods_are_405_and_close(method: str) -> None:
     answer, keep = respond(_routes(), f"{method} /metrics HTTP/1.1\r\n\r\n".encode())
     status, headers, body = _parse(answer)
-    assert (status, body, keep) == ("HTTP/1.1 405 Method Not Allowed", b"only GET and HEAD are allowed\n", False)
+    assert (status, body, keep) == (
+        "HTTP/1.1 405 Method Not Allowed",
+        b"only GET and HEAD are allowed\n",
+        False,
+    )
     assert headers["Allow"] == "GET, HEAD"
     assert headers["Content-Type"] == TEXT == "text/plain; charset=utf-8"
 
@@ -154,3 +159,16 @@ def test_build_response_head_keeps_the_length() -> None:
 )
 def test_default_listen_host(environ: dict[str, str], host: str) -> None:
     assert default_listen_host(environ) == host
+
+
+@pytest.mark.parametrize(
+    ("head", "path"),
+    [
+        pytest.param(b"GET /metrics?x=1 HTTP/1.1\r\nAccept: */*\r\n\r\n", "/metrics", id="query"),
+        pytest.param(b"HEAD /healthz HTTP/1.0\n\n", "/healthz", id="bare-LF"),
+        pytest.param(b"GARBAGE\r\n\r\n", "", id="malformed"),
+        pytest.param(b"\r\n", "", id="blank"),
+    ],
+)
+def test_request_path(head: bytes, path: str) -> None:
+    assert request_path(head) == path
