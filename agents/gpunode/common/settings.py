@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -39,11 +41,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CommonSettings",
+    "HttpSettings",
     "KubeSettings",
     "Parsed",
     "SettingsParser",
     "flags_of",
     "group",
+    "listen_address",
     "resolve",
     "setting",
 ]
@@ -53,6 +57,9 @@ S = TypeVar("S")
 _FLAG = "gpunode.flag"
 _GROUP = "gpunode.group"
 _GROUP_ALIASES = "gpunode.group.aliases"
+_GROUP_CLASS = "gpunode.group.class"
+_GROUP_DEFAULTS = "gpunode.group.defaults"
+_GROUP_METAVARS = "gpunode.group.metavars"
 
 
 @dataclass(frozen=True)
@@ -125,15 +132,38 @@ def setting(
 
 
 def group(
-    cls: type[Any], *, help: Mapping[str, str] | None = None, aliases: Mapping[str, str] | None = None
+    cls: type[Any],
+    *,
+    help: Mapping[str, str] | None = None,
+    aliases: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    metavars: Mapping[str, str] | None = None,
 ) -> Any:
     """A nested settings dataclass whose flags are declared here; ``help`` overrides texts by field.
 
     ``aliases`` maps further option strings to field names of the group; they are listed after the
     group's flags (where a command has always shown an alias such as ``--nvidia-cdi-hook-path``).
+    ``defaults`` and ``metavars`` override the group's defaults and metavars by field, for this use
+    only (each agent's own ``--http-port``, say).
     """
-    meta = {_GROUP: dict(help or {}), _GROUP_ALIASES: dict(aliases or {})}
-    return dataclasses.field(default_factory=cls, metadata=meta)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for what, overrides in (("help", help), ("defaults", defaults), ("metavars", metavars)):
+        unknown = sorted(set(overrides or {}) - names)
+        if unknown:
+            raise TypeError(f"group({cls.__name__}): {what} for unknown fields {unknown}")
+    meta = {
+        _GROUP: dict(help or {}),
+        _GROUP_ALIASES: dict(aliases or {}),
+        _GROUP_CLASS: cls,
+        _GROUP_DEFAULTS: dict(defaults or {}),
+        _GROUP_METAVARS: dict(metavars or {}),
+    }
+    overrides = dict(defaults or {})
+
+    def factory() -> Any:
+        return cls(**overrides)
+
+    return dataclasses.field(default_factory=factory, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -147,14 +177,27 @@ class _Entry:
 
 
 def _entries(
-    cls: type[Any], path: tuple[str, ...] = (), help: Mapping[str, str] | None = None
+    cls: type[Any],
+    path: tuple[str, ...] = (),
+    help: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    metavars: Mapping[str, str] | None = None,
 ) -> Iterator[_Entry]:
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a settings dataclass")
     for f in dataclasses.fields(cls):
         if _GROUP in f.metadata:
-            inner = list(_entries(f.default_factory, (*path, f.name), f.metadata[_GROUP]))  # type: ignore[arg-type]
-            then = tuple(f.metadata.get(_GROUP_ALIASES, {}).items())
+            meta = f.metadata
+            inner = list(
+                _entries(
+                    meta[_GROUP_CLASS],
+                    (*path, f.name),
+                    meta[_GROUP],
+                    meta[_GROUP_DEFAULTS],
+                    meta[_GROUP_METAVARS],
+                )
+            )
+            then = tuple(meta.get(_GROUP_ALIASES, {}).items())
             if inner and then:
                 inner[-1] = dataclasses.replace(inner[-1], then=inner[-1].then + then)
             yield from inner
@@ -168,7 +211,7 @@ def _entries(
             dest=f.name,
             envs=decl.envs,
             type=decl.type,
-            default=f.default,
+            default=(defaults or {}).get(f.name, f.default),
             choices=decl.choices,
             is_bool=decl.type is bool,
             help=text,
@@ -179,7 +222,8 @@ def _entries(
             repeatable=decl.repeatable,
             default_help=decl.default_help,
         )
-        yield _Entry((*path, f.name), flag, decl.short, decl.metavar, decl.aliases)
+        metavar = (metavars or {}).get(f.name, decl.metavar)
+        yield _Entry((*path, f.name), flag, decl.short, metavar, decl.aliases)
 
 
 def flags_of(cls: type[Any]) -> list[Flag]:
@@ -191,7 +235,7 @@ def _build(cls: type[S], values: Mapping[str, Any], path: tuple[str, ...] = ()) 
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if _GROUP in f.metadata:
-            kwargs[f.name] = _build(f.default_factory, values, (*path, f.name))  # type: ignore[arg-type]
+            kwargs[f.name] = _build(f.metadata[_GROUP_CLASS], values, (*path, f.name))
         else:
             kwargs[f.name] = values[f.name]
     return cls(**kwargs)
@@ -390,3 +434,57 @@ class KubeSettings:
         metavar="SECONDS",
         help="timeout of each Kubernetes API request (retried with backoff when the server is unreachable)",
     )
+
+
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def listen_address(raw: str) -> str:
+    """An IP address (``[::1]`` as ``::1``) or a host name to listen on; ``ValueError`` otherwise."""
+    value = raw.strip()
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if _HOST_NAME.fullmatch(value) and not value.rpartition(".")[2].isdigit():  # 300.1.1.1 is no name
+        return value
+    raise ValueError(
+        f"{raw!r} is not an IP address or host name (0.0.0.0: every IPv4 address, ::: every IPv6 one)"
+    )
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Where an agent serves ``/healthz``, ``/readyz`` and ``/metrics``. Each agent picks its own port:
+    ``http: HttpSettings = group(HttpSettings, defaults={"http_port": 9451})``."""
+
+    http_address: str | None = setting(
+        "--http-address",
+        env="GPUNODE_HTTP_ADDRESS",
+        type=listen_address,
+        metavar="ADDRESS",
+        default_help="",
+        help="address of /healthz, /readyz and /metrics; default: every address (0.0.0.0) in a pod, "
+        "127.0.0.1 under systemd",
+    )
+    http_port: int = setting(
+        "--http-port",
+        env="GPUNODE_HTTP_PORT",
+        type=int,
+        default=-1,
+        metavar="PORT",
+        help="port of /healthz, /readyz and /metrics (0: any free port, -1: off)",
+    )
+
+    def listen_host(self, environ: Mapping[str, str]) -> str:
+        """``--http-address``, else 127.0.0.1 under systemd and 0.0.0.0 elsewhere
+        (:func:`gpunode.common.httpcore.default_listen_host`)."""
+        if self.http_address is not None:
+            return self.http_address
+        from gpunode.common.httpcore import default_listen_host
+
+        return default_listen_host(environ)

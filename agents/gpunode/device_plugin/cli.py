@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpunode.agent.main import AgentContext, AgentSpec, Started
-from gpunode.common.httpcore import default_listen_host
 from gpunode.device_plugin.configwatch import connect_kube, label_config_options
 from gpunode.device_plugin.flags import ALIASES, HTTP_PORT, DevicePluginFlags
 from gpunode.device_plugin.health import XidPolicy
@@ -31,7 +30,7 @@ def start(ctx: AgentContext[DevicePluginFlags]) -> Started:
     settings = load(ctx.parsed.config)
     config_dir = label_config_options(flags)
     kube = connect_kube(flags, config_dir) if config_dir is not None else None
-    http_host = default_listen_host(ctx.environ)
+    http_host = flags.http.listen_host(ctx.environ)
     opts = AgentOptions.from_flags(flags, load, config_dir=config_dir, policy=policy, http_host=http_host)
 
     async def open_nvml() -> Nvml:

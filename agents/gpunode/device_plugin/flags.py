@@ -21,7 +21,7 @@ from gpunode.api.plugin_types import (
     parse_device_list_strategy,
 )
 from gpunode.common.cli import parse_duration
-from gpunode.common.settings import CommonWithConfigSettings, KubeSettings, group, setting
+from gpunode.common.settings import CommonWithConfigSettings, HttpSettings, KubeSettings, group, setting
 from gpunode.kube.labelconfig import LabelConfigSettings
 
 __all__ = ["ALIASES", "DEFAULT_KUBELET_SOCKET", "HTTP_PORT", "DevicePluginFlags", "duration"]
@@ -129,11 +129,4 @@ class DevicePluginFlags:
         metavar="DIR",
         help="where the host's /sys and /proc are mounted",
     )
-    http_port: int = setting(
-        "--http-port",
-        env="GPUNODE_HTTP_PORT",
-        type=int,
-        default=HTTP_PORT,
-        metavar="PORT",
-        help="port of /healthz, /readyz and /metrics (0: any free port, -1: off)",
-    )
+    http: HttpSettings = group(HttpSettings, defaults={"http_port": HTTP_PORT})

@@ -100,7 +100,7 @@ class AgentOptions:
             probe_interval=probe_interval(period),
             policy=policy,
             http_host=http_host,
-            http_port=None if flags.http_port < 0 else flags.http_port,
+            http_port=None if flags.http.http_port < 0 else flags.http.http_port,
         )
 
     @property

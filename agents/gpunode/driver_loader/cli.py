@@ -41,8 +41,10 @@ def _loader(cfg: LoaderConfig, host: HostSettings, environ: Mapping[str, str]) -
 def start_init(ctx: AgentContext[InitSettings]) -> Started:
     s = ctx.settings
     cfg = init_config(s)
-    port = None if s.oneshot or s.http_port < 0 else s.http_port
-    run = run_init(_loader(cfg, s.host, ctx.environ), oneshot=s.oneshot, dry_run=s.dry_run, http_port=port)
+    port = None if s.oneshot or s.http.http_port < 0 else s.http.http_port
+    loader = _loader(cfg, s.host, ctx.environ)
+    host = s.http.listen_host(ctx.environ)
+    run = run_init(loader, oneshot=s.oneshot, dry_run=s.dry_run, http_port=port, http_host=host)
     return Started(run, {"kernel": cfg.kernel})
 
 

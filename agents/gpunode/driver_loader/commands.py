@@ -20,13 +20,15 @@ from gpunode.driver_loader.steps import LoaderError
 __all__ = ["run_init", "run_unload", "show_status"]
 
 
-async def run_init(loader: DriverLoader, *, oneshot: bool, dry_run: bool, http_port: int | None) -> int:
+async def run_init(
+    loader: DriverLoader, *, oneshot: bool, dry_run: bool, http_port: int | None, http_host: str | None = None
+) -> int:
     if dry_run:
         plan = loader.plan()
         print("\n".join(plan.describe()))
         return 0
     if not oneshot:
-        return await HealthDaemon(loader).serve(http_port=http_port)
+        return await HealthDaemon(loader).serve(http_port=http_port, http_host=http_host)
     try:
         await loader.init()
     except (LoaderError, DriverInUse) as exc:

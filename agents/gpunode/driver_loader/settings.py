@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpunode.common.cli import parse_duration
-from gpunode.common.settings import CommonSettings, KubeSettings, group, setting
+from gpunode.common.settings import CommonSettings, HttpSettings, KubeSettings, group, setting
 from gpunode.driver_loader.modules import MODULE_TYPES
 
 if TYPE_CHECKING:
@@ -218,13 +218,10 @@ class InitSettings:
         metavar="SECONDS",
         help="seconds between the daemon's health checks",
     )
-    http_port: int = setting(
-        "--http-port",
-        env="GPUNODE_HTTP_PORT",
-        type=int,
-        default=9454,
-        metavar="PORT",
-        help="/healthz, /readyz, /metrics (0: any free port, -1: off)",
+    http: HttpSettings = group(
+        HttpSettings,
+        defaults={"http_port": 9454},
+        help={"http_port": "/healthz, /readyz, /metrics (0: any free port, -1: off)"},
     )
 
 

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 from gpunode.agent.main import AgentContext, AgentSpec, Started
 from gpunode.common.cli import parse_interval
-from gpunode.common.httpcore import default_listen_host
 from gpunode.feature_discovery.config import ConfigReader, LabelingConfig, plugin_config_model, sharing_of
 from gpunode.feature_discovery.loop import FdOptions, FeatureDiscovery
 from gpunode.feature_discovery.output import NodeFeatureOutput
@@ -30,7 +29,7 @@ def start(ctx: AgentContext[FdSettings]) -> Started:
         else None
     )
     read = ConfigReader(ctx.parser, ctx.parsed.args, ctx.environ, None if directory else s.common.config_file)
-    http_host = default_listen_host(ctx.environ)
+    http_host = s.http.listen_host(ctx.environ)
     opts = FdOptions.from_settings(
         s, config, read, interval=interval, directory=directory, http_host=http_host
     )

@@ -82,7 +82,7 @@ class FdOptions:
             fail_on_init_error=s.fail_on_init_error,
             on_exit=s.labels_on_exit,
             http_host=http_host,
-            http_port=None if s.http_port < 0 or s.oneshot else s.http_port,
+            http_port=None if s.http.http_port < 0 or s.oneshot else s.http.http_port,
         )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpunode.api.plugin_types import MigStrategy
-from gpunode.common.settings import CommonSettings, KubeSettings, group, setting
+from gpunode.common.settings import CommonSettings, HttpSettings, KubeSettings, group, setting
 from gpunode.feature_discovery.output import DEFAULT_OUTPUT
 from gpunode.kube.labelconfig import LabelConfigSettings
 
@@ -108,14 +108,7 @@ class FdSettings:
         metavar="DIR",
         help="where the host's /sys is mounted (PCI classes, vGPU capability)",
     )
-    http_port: int = setting(
-        "--http-port",
-        env="GPUNODE_HTTP_PORT",
-        type=int,
-        default=9452,
-        metavar="PORT",
-        help="port of /healthz, /readyz and /metrics (0: any free port, -1: off)",
-    )
+    http: HttpSettings = group(HttpSettings, defaults={"http_port": 9452})
     use_node_feature_api: bool = setting(
         "--use-node-feature-api",
         env=("GFD_USE_NODE_FEATURE_API", "USE_NODE_FEATURE_API"),
