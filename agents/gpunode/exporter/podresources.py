@@ -204,6 +204,7 @@ class PodResourcesUnavailable(Exception):
     """The kubelet's PodResources API could not be read; `reason` is a short constant for counters."""
 
     NO_SOCKET = "no_socket"
+    NO_ACCESS = "no_access"  # the socket's directory may not be entered (run as root: the kubelet's mode)
     TIMEOUT = "timeout"
     UNAVAILABLE = "unavailable"
     RPC_ERROR = "rpc_error"
@@ -228,7 +229,14 @@ class PodResourcesClient:
 
         from gpunode._proto.podresources.v1 import api_pb2 as pb
 
-        if not self.socket.is_socket():
+        try:
+            present = self.socket.is_socket()
+        except OSError as exc:  # pod-resources/ is 0750 root, as kubelets make it: only pod labels are lost
+            await self._drop(self._channel)
+            raise PodResourcesUnavailable(
+                PodResourcesUnavailable.NO_ACCESS, f"{self.socket}: {exc.strerror or exc}"
+            ) from None
+        if not present:
             await self._drop(self._channel)
             detail = "not a socket" if self.socket.exists() else "missing"
             raise PodResourcesUnavailable(PodResourcesUnavailable.NO_SOCKET, f"{self.socket}: {detail}")
