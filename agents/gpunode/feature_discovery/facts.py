@@ -1,8 +1,8 @@
 """Gather :class:`~gpunode.feature_discovery.labels.NodeFacts` from NVML and the host's sysfs.
 
 * NVML: system information, the reachable GPUs (lost ones are left out) and the MIG devices of every
-  GPU with MIG enabled. A GPU lost between the inventory and its MIG query is left out as well; any other
-  NVML error propagates to the caller.
+  GPU with MIG enabled. A GPU lost between the inventory and its MIG or fabric query is left out as well;
+  any other NVML error propagates to the caller.
 * sysfs, through :class:`~gpunode.common.hostpaths.HostPaths`: each GPU's PCI class from
   ``/sys/bus/pci/devices/<bdf>/class`` (``0x030200``; missing or unreadable -> ``None``, which makes
   ``gpu.mode`` ``unknown``), and vGPU presence from each GPU's PCI config space
@@ -47,6 +47,13 @@ async def gather_facts(nvml: Nvml, host: HostPaths, machine_type_file: Path | No
             except errors.GpuLost:
                 continue
         gpus.append(gpu)
+    cliques: dict[int, str | None] = {}
+    for gpu in list(gpus):
+        try:
+            cliques[gpu.index] = await nvml.fabric_clique(gpu.index)
+        except errors.GpuLost:  # lost since the inventory: left out like the others
+            gpus.remove(gpu)
+            mig_devices.pop(gpu.index, None)
     pci_classes = {g.index: read_pci_class(host, g.pci.bus_id) for g in gpus}
     return NodeFacts(
         system=system,
@@ -55,7 +62,7 @@ async def gather_facts(nvml: Nvml, host: HostPaths, machine_type_file: Path | No
         pci_classes=pci_classes,
         machine=read_machine_type(machine_type_file),
         vgpu_present=any(has_vgpu_capability(host, g.pci.bus_id) for g in gpus),
-        cliques={g.index: await nvml.fabric_clique(g.index) for g in gpus},
+        cliques=cliques,
     )
 
 

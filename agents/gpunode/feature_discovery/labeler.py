@@ -19,6 +19,7 @@ from gpunode.feature_discovery.config import LabelingConfig
 from gpunode.feature_discovery.facts import gather_facts
 from gpunode.feature_discovery.labels import LabelResult, NodeFacts, compute_labels
 from gpunode.feature_discovery.output import FeatureFile, NodeFeatureOutput, OutputError, expiry_after_stop
+from gpunode.nvml import errors
 
 if TYPE_CHECKING:
     from gpunode.common.logging import Logger
@@ -123,7 +124,8 @@ class Labeler:
         return result
 
     async def write_with_retry(self) -> None:
-        """A pass; an unwritable output is retried with backoff (daemon mode), never a crash loop."""
+        """A pass; an unwritable output or an NVML error is retried with backoff (daemon mode) until a
+        pass succeeds, never a crash loop; the labels last written stay meanwhile."""
         delay = 1.0
         while True:
             try:
@@ -134,8 +136,13 @@ class Labeler:
                     raise
                 self.log.error("output_failed", error=str(exc), retry_in_s=delay)
                 self.metrics.count_error("output")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.opts.interval or 60.0)
+            except errors.NvmlError as exc:
+                if self.opts.oneshot:
+                    raise
+                self.log.error("labeling_failed", error=f"{type(exc).__name__}: {exc}", retry_in_s=delay)
+                self.metrics.count_error("nvml")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.opts.interval or 60.0)
 
     def leave(self, on_exit: LabelsOnExit) -> None:
         """On stop: the feature file stays with an expiry (or goes, or stays as is); a NodeFeature always

@@ -1,7 +1,9 @@
 """The labeling service: when passes run and what wakes them.
 
 A pass every interval, sooner when the MIG layout changes, a GPU is lost, SIGHUP re-reads the config
-file, or the node label chooses another config of a config directory. Also the service's wiring: NVML
+file, or the node label chooses another config of a config directory. A MIG layout change is labeled
+once the layout is quiet (no MIG event for ``mig_settle`` seconds, at most ``mig_settle_max`` after the
+first), so a half-applied layout is not published. Also the service's wiring: NVML
 opened (or retried while unavailable), the health endpoint, the systemd watchdog, and what is left behind
 on stop. One pass itself is :class:`~gpunode.feature_discovery.labeler.Labeler`'s.
 """
@@ -21,7 +23,7 @@ from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import HealthServer
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
-from gpunode.common.runtime import on_sighup, trim_memory
+from gpunode.common.runtime import on_sighup, sleep_or, trim_memory
 from gpunode.feature_discovery.config import LabelingConfig
 from gpunode.feature_discovery.labeler import Labeler, LabelerOptions
 from gpunode.feature_discovery.output import NodeFeatureOutput
@@ -37,7 +39,24 @@ __all__ = ["FdOptions", "FeatureDiscovery"]
 
 AGENT = "feature-discovery"
 EVENTS_READY_TIMEOUT = 5.0  # a wedged event registration must not hold back the first labels
-MIG_EVENT_DELAY = 0.5  # let a burst of MIG config-change events settle (well inside the 2 s promise)
+WAKE_DELAY = 0.5  # a pass woken by an event waits this long: a burst of events makes one pass
+# A MIG layout change is labeled once no MIG event came for MIG_SETTLE seconds (well inside the 2 s
+# promise), or MIG_SETTLE_MAX seconds after its first event, whichever comes first.
+MIG_SETTLE = 0.5
+MIG_SETTLE_MAX = 5.0
+
+
+async def settle(event: asyncio.Event, quiet: float, cap: float) -> None:
+    """Return once ``event`` has not been set for ``quiet`` seconds, or ``cap`` seconds from now.
+
+    ``event`` is cleared on the way: set again when this returns, it tells of a change that came after."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cap
+    while True:
+        event.clear()
+        left = deadline - loop.time()
+        if left <= 0 or not await sleep_or(event, min(quiet, left)):
+            return
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,8 @@ class FdOptions:
     http_host: str = "127.0.0.1"
     http_port: int | None = None
     nvml_retry_interval: float = 30.0
+    mig_settle: float = MIG_SETTLE
+    mig_settle_max: float = MIG_SETTLE_MAX
 
     @classmethod
     def from_settings(
@@ -115,7 +136,8 @@ class FeatureDiscovery:
             metrics=self.metrics,
             node_feature=node_feature,
         )
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()  # label now (after WAKE_DELAY, or once a MIG change is quiet)
+        self.mig_changed = asyncio.Event()  # the MIG layout is changing (wake is set as well)
         self.http = (
             HealthServer(self.metrics.registry, host=opts.http_host, port=opts.http_port)
             if opts.http_port is not None
@@ -220,9 +242,12 @@ class FeatureDiscovery:
                     await self.wake.wait()
                 else:
                     await asyncio.wait_for(self.wake.wait(), timeout)
-                await asyncio.sleep(MIG_EVENT_DELAY)  # coalesce a burst of events
+                if not self.mig_changed.is_set():
+                    await asyncio.sleep(WAKE_DELAY)  # coalesce a burst of events
             except TimeoutError:
                 pass
+            if self.mig_changed.is_set():  # the layout is changing: label it once it is quiet
+                await settle(self.mig_changed, self.opts.mig_settle, self.opts.mig_settle_max)
             self.wake.clear()
             await self.labeler.write_with_retry()
 
@@ -232,7 +257,10 @@ class FeatureDiscovery:
         while True:
             try:
                 async for ev in self.nvml.events(mask=EVENT_MIG_CONFIG | EVENT_XID, ready=ready):
-                    if ev.kind is EventKind.MIG_CONFIG or (ev.kind is EventKind.XID and ev.xid == 79):
+                    if ev.kind is EventKind.MIG_CONFIG:
+                        self.mig_changed.set()
+                        self.wake.set()
+                    elif ev.kind is EventKind.XID and ev.xid == 79:
                         self.wake.set()
             except errors.NvmlError as exc:
                 self.log.warning("nvml_events_failed", error=str(exc), retry_in_s=5)

@@ -4,69 +4,20 @@ change made meanwhile, an NVML error during a rebuild, and the GPU's return (iss
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gpunode.nvml import errors, mig
+from gpunode.nvml import errors
 from gpunode.sim import nvml as sim
 from gpunode.sim.kubelet import FakeKubelet
+from helpers.faults import all_balanced, apply_layout_async, node_mig_view
 from helpers.waiting import SkewedClock
 
 Starter = Any  # the start_plugin fixture (see conftest.py)
 
-MIG_TOOL = str(Path(sys.executable).parent / "gpunode-mig")
 MIXED = {"mig_strategy": "mixed"}
-# all-balanced on an A100-40GB, largest first (the driver places from the top of the slice range down)
-BALANCED = {mig.GI_3_SLICE: 1, mig.GI_2_SLICE: 1, mig.GI_1_SLICE: 2}
-
-LAYOUTS = """\
-version: v1
-mig-configs:
-  all-balanced:
-    - devices: all
-      mig-enabled: true
-      mig-devices: {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
-  seven-1g-on-0-6:
-    - devices: [0, 1, 2, 3, 4, 5, 6]
-      mig-enabled: true
-      mig-devices: {"1g.5gb": 7}
-"""
-
-
-def all_balanced(st: sim.SimNodeState) -> None:
-    """Every GPU of the node in MIG mode with two 1g, one 2g and one 3g instance."""
-    for gpu in range(len(st.gpus)):
-        assert st.set_mig_mode(gpu, 1)[0] == 0
-        st.reset_gpu(gpu)
-        for enum, count in BALANCED.items():
-            for _ in range(count):
-                ret, gi = st.create_gi(gpu, enum, None)
-                assert ret == 0
-                slices = mig.GI_ENUMS[enum][0]
-                ci_enum = next(e for e, c in mig.CI_ENUMS.items() if c == slices)
-                assert st.create_ci(gpu, gi, ci_enum, None)[0] == 0
-
-
-def node_view(state: Path) -> tuple[dict[str, set[str]], set[str]]:
-    """What the node holds: the MIG device IDs per mixed-strategy resource, and those on lost GPUs."""
-    st = sim.SimNode.open(state).state
-    resources: dict[str, set[str]] = defaultdict(set)
-    on_lost: set[str] = set()
-    for gpu, g in enumerate(st.gpus):
-        product = st.product(gpu)
-        for gi, ci in st.mig_devices(gpu):
-            spec = product.gi_profile(gi.profile)
-            assert spec is not None
-            gi_name = mig.gi_profile_name(gi.profile, product.memory_mib << 20, spec.memory_mib)
-            name = "nvidia.com/mig-" + mig.ci_profile_name(gi_name, ci.size).replace("+", ".")
-            uuid = st.mig_uuid(gpu, gi.id, ci.id)
-            resources[name].add(uuid)
-            if g.lost:
-                on_lost.add(uuid)
-    return dict(resources), on_lost
 
 
 def kubelet_view(kubelet: FakeKubelet) -> dict[str, set[str]]:
@@ -79,8 +30,9 @@ def kubelet_view(kubelet: FakeKubelet) -> dict[str, set[str]]:
 
 
 def mismatch(kubelet: FakeKubelet, state: Path) -> str:
-    """ "" when the kubelet holds what the node has: the same devices, and those of lost GPUs Unhealthy."""
-    want, on_lost = node_view(state)
+    """Why the kubelet does not hold what the node has (the same devices, those of lost GPUs Unhealthy),
+    or ""."""
+    want, on_lost = node_mig_view(state)
     got = kubelet_view(kubelet)
     if got != want:
         return f"devices differ: kubelet {_counts(got)}, node {_counts(want)}"
@@ -101,28 +53,6 @@ async def matches(kubelet: FakeKubelet, state: Path, timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
-async def apply_layout(state: Path, tmp: Path, name: str) -> None:
-    """``gpunode-mig apply`` as another process, the way an admin changes a layout (no MIG manager)."""
-    config = tmp / "layouts.yaml"
-    config.write_text(LAYOUTS)
-    proc = await asyncio.create_subprocess_exec(
-        MIG_TOOL,
-        "apply",
-        "-f",
-        str(config),
-        "-c",
-        name,
-        "--sim-state",
-        str(state),
-        "--journal-file",
-        str(tmp / "journal.json"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    assert proc.returncode == 0, out.decode()[-2000:]
-
-
 async def test_layout_change_beside_a_lost_gpu_is_advertised_and_the_gpu_recovers(
     start_plugin: Starter, kubelet: FakeKubelet, tmp_path: Path
 ) -> None:
@@ -135,7 +65,7 @@ async def test_layout_change_beside_a_lost_gpu_is_advertised_and_the_gpu_recover
     await matches(kubelet, r.state, timeout=5)  # GPU 7's four devices Unhealthy
     assert len({i for p in kubelet_view(kubelet).values() for i in p} - kubelet_healthy(kubelet)) == 4
 
-    await apply_layout(r.state, tmp_path, "seven-1g-on-0-6")
+    await apply_layout_async(r.state, tmp_path, "seven-1g-on-0-6")
     await matches(kubelet, r.state, timeout=10)
     view = kubelet_view(kubelet)
     assert len(view["nvidia.com/mig-1g.5gb"]) == 7 * 7 + 2  # GPU 7 keeps its two 1g (Unhealthy)
@@ -170,7 +100,7 @@ async def test_a_failed_rebuild_is_retried_until_it_succeeds(
         return await real(index)
 
     nvml.mig_devices = flaky  # type: ignore[method-assign]
-    await apply_layout(r.state, tmp_path, "seven-1g-on-0-6")
+    await apply_layout_async(r.state, tmp_path, "seven-1g-on-0-6")
     # no further MIG event comes: the rebuild that failed three times is retried until it succeeds
     await matches(kubelet, r.state, timeout=15)
     assert failures["left"] == 0
@@ -211,7 +141,7 @@ async def test_a_layout_being_applied_is_advertised_only_once_complete(
         return False
 
     watching = asyncio.create_task(kubelet.wait_for(record, timeout=60))
-    await apply_layout(r.state, tmp_path, "seven-1g-on-0-6")
+    await apply_layout_async(r.state, tmp_path, "seven-1g-on-0-6")
     await matches(kubelet, r.state, timeout=10)
     watching.cancel()
     after = kubelet_view(kubelet)
