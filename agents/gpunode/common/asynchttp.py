@@ -57,12 +57,47 @@ async def _read_head(reader: asyncio.StreamReader, buffered: bytearray) -> bytes
         buffered += chunk
 
 
+def _bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets as :func:`asyncio.start_server` binds them: one per address ``host`` resolves
+    to ("": every interface, IPv4 and IPv6); IPv6 sockets are IPv6-only."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:
+                continue  # a family this host lacks (IPv6 off)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                reason = (exc.strerror or str(exc)).lower()  # worded as asyncio.start_server words it
+                raise OSError(
+                    exc.errno, f"error while attempting to bind on address {address!r}: {reason}"
+                ) from None
+            sock.listen(BACKLOG)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    if not socks:
+        raise OSError(f"no address to listen on for {host!r}")
+    return socks
+
+
 class AsyncEndpoint:
     """Serves ``routes`` on ``host:port`` from the running event loop.
 
     ``max_connections``, ``request_timeout`` and ``answer_timeout``: the connection policy of
-    :mod:`gpunode.common.httpcore`. With an ``executor``, requests for the paths in ``offload`` are
-    answered on it (a slow ``/metrics`` render then delays neither the loop nor ``/healthz``).
+    :mod:`gpunode.common.httpcore`. The endpoint accepts one connection at a time and decides on it
+    (admit, make room, or close) before it gets a transport, so the process never holds more than
+    ``max_connections`` client sockets, plus the one being decided on. With an ``executor``, requests
+    for the paths in ``offload`` are answered on it (a slow ``/metrics`` render then delays neither the
+    loop nor ``/healthz``).
     """
 
     def __init__(
@@ -87,48 +122,75 @@ class AsyncEndpoint:
         self.answer_timeout = answer_timeout
         self.executor = executor
         self.offload = frozenset(offload) if executor is not None else frozenset()
-        self._server: asyncio.Server | None = None
-        self._open: dict[asyncio.StreamWriter, asyncio.Task[None] | None] = {}  # admitted connections
+        self._listeners: list[socket.socket] = []
+        self._acceptors: list[asyncio.Task[None]] = []
+        self._open: dict[asyncio.StreamWriter, asyncio.Task[None]] = {}  # admitted connections
         # admitted connections waiting for a request or for their answer to be read, longest first:
         # the ones a new connection beyond the cap closes
         self._evictable: dict[asyncio.StreamWriter, None] = {}
+        self._admitting = 0  # connections admitted whose transport is being made
 
     @property
     def port(self) -> int:
-        if self._server is None or not self._server.sockets:
+        if not self._listeners:
             raise RuntimeError("endpoint not started")
-        return int(self._server.sockets[0].getsockname()[1])
+        return int(self._listeners[0].getsockname()[1])
 
     @property
     def connections(self) -> int:
         """Connections open now (admitted, not yet closed)."""
-        return len(self._open)
+        return len(self._open) + self._admitting
 
     async def start(self, sock: socket.socket | None = None) -> None:
         """Listen on ``host:port``, or on ``sock`` (bound and listening) when given. Raises OSError
         (e.g. when the port is in use)."""
-        if sock is not None:
-            self._server = await asyncio.start_server(self._handle, sock=sock, limit=MAX_REQUEST_BYTES)
-        else:
-            self._server = await asyncio.start_server(
-                self._handle, self.host, self.requested_port, limit=MAX_REQUEST_BYTES, backlog=BACKLOG
-            )
+        socks = [sock] if sock is not None else _bind(self.host, self.requested_port)
+        for listener in socks:
+            listener.setblocking(False)
+        self._listeners = socks
+        self._acceptors = [
+            asyncio.create_task(self._accept_forever(listener), name="http-accept") for listener in socks
+        ]
 
     async def close(self) -> None:
         """Stop listening and cut every open connection."""
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        tasks = [task for task in self._open.values() if task is not None]
+        acceptors, self._acceptors = self._acceptors, []
+        for task in acceptors:
+            task.cancel()
+        if acceptors:
+            await asyncio.wait(acceptors)
+        for listener in self._listeners:
+            listener.close()
+        self._listeners = []
+        tasks = list(self._open.values())
         for writer in list(self._open):
             writer.transport.abort()
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks)
-        if server is not None:
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
+
+    async def _accept_forever(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError:  # EMFILE, ECONNABORTED ...: not this endpoint's end
+                await asyncio.sleep(0.1)
+                continue
+            if self.connections >= self.max_connections and not self._make_room():
+                conn.close()  # refused: every admitted connection is being answered
+                continue
+            self._admitting += 1
+            try:
+                reader, writer = await asyncio.open_connection(sock=conn, limit=MAX_REQUEST_BYTES)
+            except OSError:
+                conn.close()
+                continue
+            finally:
+                self._admitting -= 1
+            self._open[writer] = asyncio.create_task(self._handle(reader, writer), name="http-connection")
+            self._evictable[writer] = None  # waiting for its request from now on
 
     def _make_room(self) -> bool:
         """Close the connection that has waited longest (for a request, or for its answer to be read);
@@ -148,16 +210,14 @@ class AsyncEndpoint:
         return respond(self.routes, head)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._open) >= self.max_connections and not self._make_room():
-            writer.transport.abort()  # refused: every admitted connection is being answered
-            return
-        self._open[writer] = asyncio.current_task()
         buffered = bytearray()
         clean = False
         try:
             keep_alive = True
             while keep_alive:
-                self._evictable[writer] = None  # (re)queued last: the newest waiter
+                if writer not in self._open:
+                    return  # made room for a newer connection
+                self._evictable[writer] = None  # (re)queued last (the first time: kept in accept order)
                 try:
                     async with asyncio.timeout(self.request_timeout):
                         head = await _read_head(reader, buffered)
