@@ -99,19 +99,24 @@ class Sampler:
                 if mode is not None and mode.current:
                     devices = self.layouts.get(index)
                     if devices is None or index in self.layout_changed or refresh:
-                        # identity of the MIG devices: again only when the layout changed (NVML event)
+                        # identity of the MIG devices: again only when the layout changed (NVML event);
+                        # an event during the read asks again, and so does a read that fails
                         self.layout_changed.discard(index)
-                        devices = self.layouts[index] = tuple(await self.nvml.mig_devices(index))
+                        try:
+                            devices = self.layouts[index] = tuple(await self.nvml.mig_devices(index))
+                        except BaseException:
+                            self.layout_changed.add(index)
+                            raise
                         migs = tuple(MigSample(d, d.memory_used_mib, d.memory_free_mib) for d in devices)
                     else:
                         memory = await self.nvml.mig_memory(index)
                         migs = tuple(MigSample(d, *memory.get(d.uuid, (None, None))) for d in devices)
                 else:
                     self.layouts.pop(index, None)
+                gpm = await self.nvml.gpm_utilization(index) if index not in self.no_gpm else None
             except errors.GpuLost:
                 samples.append(GpuSample(info, None))  # lost: its identity stays, with health 0
                 continue
-            gpm = await self.nvml.gpm_utilization(index) if index not in self.no_gpm else None
             if gpm is None and self.passes >= 1 and index not in self.no_gpm:
                 self.no_gpm.add(index)  # the first call only starts the window; after that None means no GPM
                 self.log.info(
