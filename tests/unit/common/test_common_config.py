@@ -9,7 +9,15 @@ import pytest
 from pydantic import ValidationError
 
 from gpunode.common.cli import UsageError
-from gpunode.common.config import ConfigError, ConfigModel, load_config, parse_config_text
+from gpunode.common.config import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    ConfigModel,
+    load_config,
+    max_config_bytes,
+    parse_config_text,
+    parse_yaml,
+)
 from gpunode.common.runtime import exit_code_for
 
 
@@ -235,3 +243,121 @@ def test_single_problem_is_one_line() -> None:
 )
 def test_config_and_usage_errors_map_to_exit_2(exc: BaseException, code: int) -> None:
     assert exit_code_for(exc) == code
+
+
+# ------------------------------------------------------------------------- the safe loader's limits
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param(
+            "version: v1\nflags: &f {}\n", "line 2, column 8: aliases/anchors are not allowed", id="anchor"
+        ),
+        pytest.param("a: 1\nversion: *x\n", "line 2, column 10: aliases/anchors are not allowed", id="alias"),
+        pytest.param(
+            "version: v1\nbase: &b {x: 1}\nflags:\n  <<: *b\n",
+            "aliases/anchors are not allowed",
+            id="merge-key",
+        ),
+        pytest.param(
+            "x: " + "[" * 65 + "]" * 65, "line 1, column 67: nested deeper than 64 levels", id="flow-depth"
+        ),
+        pytest.param(
+            "x:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 70)), "nested deeper than 64", id="block"
+        ),
+        pytest.param("x: " + "1" * 4301, "line 1, column 4: integer with more than 4300 digits", id="digits"),
+        pytest.param("x: 0x" + "f" * 4000, "integer with more than 4300 digits", id="hex-value"),
+        pytest.param(
+            "x: \x00\n", "YAML syntax error at character 4: unacceptable character #x0000", id="nul"
+        ),
+    ],
+)
+def test_loader_limits(text: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config_text(text, "cfg.yaml", Config)
+    assert err.value.problems == (f"invalid YAML at {problem}",) or problem in err.value.problems[0]
+
+
+def test_nesting_up_to_the_limit_loads() -> None:
+    assert parse_yaml("x: " + "[" * 63 + "]" * 63, "cfg.yaml") == {"x": _nested(62)}
+    assert parse_yaml("x: " + "1" * 4300, "cfg.yaml") == {"x": int("1" * 4300)}
+
+
+def _nested(depth: int) -> list[object]:
+    out: list[object] = []
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
+def test_the_node_budget_scales_with_the_size_limit() -> None:
+    text = "x: [" + ",".join(["1"] * 2000) + "]\n"
+    with pytest.raises(ConfigError, match="more than 1000 values in one file"):
+        parse_yaml(text, "cfg.yaml", max_bytes=20_000)
+    assert len(parse_yaml(text, "cfg.yaml", max_bytes=100_000)["x"]) == 2000  # type: ignore[index]
+
+
+def test_the_size_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("version: v1\n" + "#" * 2000 + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, Config, max_bytes=1024)
+    assert str(err.value) == (
+        f"{path}: file too large: is 2013 bytes, more than the limit of 1024 bytes "
+        "(GPUNODE_MAX_CONFIG_BYTES raises it)"
+    )
+    assert load_config(path, Config, max_bytes=4096).version == "v1"
+    with pytest.raises(ConfigError, match=r"too large: more than the limit of 1024 bytes"):
+        parse_config_text(path.read_text(), "configmap", Config, max_bytes=1024)
+    monkeypatch.setenv("GPUNODE_MAX_CONFIG_BYTES", "1000")
+    assert max_config_bytes() == 1000
+    with pytest.raises(ConfigError, match="more than the limit of 1000 bytes"):
+        load_config(path, Config)
+    monkeypatch.setenv("GPUNODE_MAX_CONFIG_BYTES", "4_096")
+    assert load_config(path, Config).version == "v1"
+    monkeypatch.delenv("GPUNODE_MAX_CONFIG_BYTES")
+    assert max_config_bytes() == MAX_CONFIG_BYTES == 1 << 20
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "lots", "1.5"])
+def test_a_bad_size_limit_names_the_variable(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("GPUNODE_MAX_CONFIG_BYTES", value)
+    with pytest.raises(ConfigError) as err:
+        parse_config_text("version: v1\n", "cfg.yaml", Config)
+    assert err.value.path == "GPUNODE_MAX_CONFIG_BYTES"
+    assert exit_code_for(err.value) == 2
+
+
+def test_redacted_messages_give_position_and_kind_only() -> None:
+    text = "user:\n  token: hunter2\n  : x\nkey: 'hunter2\n"
+    with pytest.raises(ConfigError) as err:
+        parse_yaml(text, "kubeconfig", redact=True)
+    assert err.value.problems == ("YAML syntax error at line 3, column 3",)
+    with pytest.raises(ConfigError) as err:
+        parse_yaml("a: 1\na: hunter2\n", "kubeconfig", redact=True)
+    assert err.value.problems == ("invalid YAML at line 2, column 1",)
+    with pytest.raises(ConfigError) as err:
+        parse_yaml("a: 1\na: hunter2\n", "kubeconfig")
+    assert "duplicate key 'a'" in err.value.problems[0]
+
+
+def test_at_most_20_problems_are_listed() -> None:
+    err = ConfigError("a.yaml", [f"k{i}: bad" for i in range(25)])
+    assert err.count == 25
+    assert err.problems[-1] == "... and 5 more problems"
+    assert len(err.problems) == 21
+    lines = str(err).splitlines()
+    assert lines[0] == "a.yaml: 25 problems:"
+    assert lines[-1] == "  ... and 5 more problems"
+
+
+def test_a_long_problem_is_cut() -> None:
+    err = ConfigError("a.yaml", ["x" * 1500])
+    assert err.problems == ("x" * 500 + "... (1000 more characters)",)
+
+
+def test_a_huge_key_is_not_echoed_whole() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config_text("version: v1\n" + "k" * 100_000 + ": 1\n", "cfg.yaml", Config)
+    assert len(str(err.value)) < 600
