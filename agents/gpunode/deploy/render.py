@@ -9,6 +9,12 @@ awaited by ``gpunode-validator --wait-for`` init containers, and RBAC limited to
 The agents, their console scripts, operand labels and HTTP ports come from :mod:`gpunode.registry`
 (``AgentSpec.default_http_port`` of the spec each main container runs); a test checks that every env
 var written into a container is one of that command's settings.
+
+Least privilege (issue 14): every hostPath is mounted read-only unless the agent writes there (each mount
+says why where it is declared); every container has CPU and memory requests and limits (:data:`RESOURCES`);
+and each agent that patches its node gets a ValidatingAdmissionPolicy (:func:`node_writes`,
+``_Renderer._node_policy``) that lets its service account change only its own node, and only the keys
+it owns there.
 """
 
 from __future__ import annotations
@@ -23,15 +29,27 @@ import yaml
 
 from gpunode import __version__, registry
 from gpunode.api.clusterpolicy import ClusterPolicy, EnvVar, NamedConfig
+from gpunode.driver_loader.upgrade_state import DRIVER_DEPLOY_LABEL, driver_operands
+from gpunode.driver_loader.upgrade_state import RECORD_ANNOTATION as UPGRADE_RECORD_ANNOTATION
+from gpunode.kube.labelconfig import APPLIED_ANNOTATION, STATE_ANNOTATION
+from gpunode.kube.operands import DEFAULT_OPERANDS, DEPLOY_PREFIX
+from gpunode.kube.operands import RECORD_ANNOTATION as PAUSE_RECORD_ANNOTATION
+from gpunode.kube.selectors import is_label_key
 from gpunode.mig import DEFAULT_JOURNAL
+from gpunode.mig.decisions import REASON_ANNOTATION as MIG_REASON_ANNOTATION
+from gpunode.mig.decisions import STATE_LABEL as MIG_STATE_LABEL
 
 __all__ = [
     "MAIN_VERBS",
+    "NODE_NAME_CLAIM",
+    "RESOURCES",
     "Agent",
+    "NodeWrites",
     "agent_by_key",
     "agents",
     "dump_yaml",
     "image_for",
+    "node_writes",
     "render",
     "render_by_agent",
 ]
@@ -41,6 +59,93 @@ Obj = dict[str, Any]  # a Kubernetes object (JSON-like)
 VALIDATIONS = "/run/nvidia/validations"
 DRIVER_INSTALL_DIR = "/run/nvidia/driver"
 NONROOT_UID = 65532
+
+#: The user-info extra of a pod-bound service account token that names the pod's node (set by the API
+#: server since Kubernetes 1.30, ServiceAccountTokenPodNodeInfo); the node policies compare it with the node.
+NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
+
+# Requests and limits per container, sized from the measured working sets (benchmarks/startup.py, the
+# systemd units' notes): device plugin ~55 MB RSS, feature discovery 34-45 MB, exporter ~35 MB, MIG manager
+# 30-40 MB, driver loader daemon ~30 MB, toolkit and validator 27-31 MB; all idle at about 1 ms of CPU a
+# second. Requests are about the working set (what the scheduler reserves); memory limits are 4-10x it,
+# the systemd units' MemoryMax=, so a runaway (a leak, an input that expands) is killed and restarted in
+# its own cgroup instead of the node's OOM killer choosing a victim. CPU limits only cap a runaway.
+_SMALL: Obj = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
+#: container -> resources; keys are registry keys (main containers) or the init containers' roles.
+RESOURCES: dict[str, Obj] = {
+    # gRPC thread pool and every device's health state; MemoryMax=512M under systemd
+    "device-plugin": {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    },
+    "feature-discovery": _SMALL,
+    "exporter": _SMALL,
+    "toolkit": _SMALL,
+    # an apply runs nvidia-smi, systemctl and the hooks in this cgroup too; MemoryMax=1G under systemd
+    "mig-manager": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+    # the loader (and the driver manager, which may load too) builds kernel modules here when no
+    # precompiled ones fit the kernel (nvidia-installer / DKMS: compilers, several cores, about 1-2 GB):
+    # generous limits, the daemon itself stays near 30 MB
+    "driver": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "4", "memory": "4Gi"}},
+    "validator": _SMALL,  # the validation and wait-for-<component> init containers
+}
+
+
+@dataclass(frozen=True)
+class NodeWrites:
+    """What one agent changes on its own node: the label and annotation keys it owns and the node spec
+    fields it sets; its ValidatingAdmissionPolicy refuses every other change by its service account."""
+
+    labels: tuple[str, ...] = ()
+    annotations: tuple[str, ...] = ()
+    spec: tuple[str, ...] = ()
+
+
+def _eviction_label(policy: ClusterPolicy) -> str | None:
+    """``NODE_LABEL_FOR_GPU_POD_EVICTION`` of the driver manager (its container's env, ``driver.manager.env``)
+    when it is a label key (the driver manager refuses anything else, exit 2)."""
+    value = next(
+        (
+            e.value
+            for e in reversed(policy.spec.driver.manager.env)
+            if e.name == "NODE_LABEL_FOR_GPU_POD_EVICTION"
+        ),
+        "",
+    )
+    key = value.strip()
+    return key if key and is_label_key(key) else None
+
+
+def node_writes(policy: ClusterPolicy) -> dict[str, NodeWrites]:
+    """Per agent key, what it writes on its node (the agents that patch their node; from their own constants).
+
+    * device plugin (a config chosen by node label): the ``device-plugin.config.state`` / ``.applied``
+      annotations saying which config it serves; no labels.
+    * MIG manager: the ``mig.config.state`` label and its reason annotation, and operand pausing.
+    * driver manager: ``gpu.deploy.driver=pre-installed``, its upgrade record annotation, the cordon
+      (``spec.unschedulable``), and operand pausing.
+
+    Operand pausing (:mod:`gpunode.kube.operands`, shared by both) sets the operands' ``gpu.deploy.*``
+    labels and the pause record annotation; either agent restores a pause the other left behind when it
+    died, so both own the union of the two operand sets (and the driver manager's extra eviction label).
+    Feature discovery reads its node only; it writes NodeFeature objects, not the node.
+    """
+    evict = _eviction_label(policy)
+    pause_labels = {o.label for o in DEFAULT_OPERANDS} | {DEPLOY_PREFIX + "client"}
+    pause_labels |= {o.label for o in driver_operands(evict or "")}
+    pausing = NodeWrites(labels=tuple(sorted(pause_labels)), annotations=(PAUSE_RECORD_ANNOTATION,))
+    return {
+        "device-plugin": NodeWrites(annotations=tuple(sorted((STATE_ANNOTATION, APPLIED_ANNOTATION)))),
+        "mig-manager": NodeWrites(
+            labels=tuple(sorted({MIG_STATE_LABEL, *pausing.labels})),
+            annotations=tuple(sorted({MIG_REASON_ANNOTATION, *pausing.annotations})),
+        ),
+        "driver": NodeWrites(
+            labels=tuple(sorted({DRIVER_DEPLOY_LABEL, *pausing.labels})),
+            annotations=tuple(sorted({UPGRADE_RECORD_ANNOTATION, *pausing.annotations})),
+            spec=("unschedulable",),
+        ),
+    }
 
 
 @dataclass(frozen=True)
@@ -143,6 +248,11 @@ def _field_env(name: str, path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def _env_value(env: list[Obj], name: str) -> str:
+    """The literal value of ``name`` in a container's env ("" when absent or not literal)."""
+    return next((str(e.get("value", "")) for e in env if e["name"] == name), "")
+
+
 def _user_env(items: Iterable[EnvVar]) -> list[Obj]:
     return [_env(e.name, e.value) for e in items]
 
@@ -205,6 +315,44 @@ def _probe(path: str, port: str, *, period: int = 10, failures: int = 3, delay: 
     return p
 
 
+def _resources(role: str) -> Obj:
+    """A deep copy of :data:`RESOURCES` for ``role`` (callers may not share one dict between containers)."""
+    r = RESOURCES[role]
+    return {"requests": dict(r["requests"]), "limits": dict(r["limits"])}
+
+
+def _cel(text: str) -> str:
+    """A CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _cel_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(_cel(i) for i in items) + "]"
+
+
+def _unchanged_except(name: str) -> str:
+    """CEL: the map ``variables.new<Name>`` differs from ``variables.old<Name>`` only at the keys of
+    ``variables.owned<Name>`` (nothing else added, removed or changed)."""
+    new, old, owned = (f"variables.{w}{name}" for w in ("new", "old", "owned"))
+    return (
+        f"{new}.all(k, k in {owned} || (k in {old} && {old}[k] == {new}[k])) && "
+        f"{old}.all(k, k in {owned} || k in {new})"
+    )
+
+
+def _or_empty(path: str, empty: str = "{}") -> str:
+    """CEL: ``path`` (``object.metadata.labels``), or ``empty`` where the object has no such field."""
+    return f"(has({path}) ? {path} : {empty})"
+
+
+def _keys_text(keys: tuple[str, ...], what: str) -> str:
+    return f"only these {what} of its node: {', '.join(keys)}" if keys else f"no {what} of its node"
+
+
+def _patches_nodes(rules: list[Obj]) -> bool:
+    return any("nodes" in r["resources"] and "patch" in r["verbs"] for r in rules)
+
+
 class _Renderer:
     def __init__(self, policy: ClusterPolicy, namespace: str, image: str) -> None:
         self.p = policy
@@ -258,6 +406,8 @@ class _Renderer:
             "command": [_validator(), "--wait-for", what, "--timeout", "0"],
             "env": _merge_env([_env("LOG_FORMAT", "json")], _user_env(self.s.validator.env)),
             "securityContext": _restricted(),
+            "resources": _resources("validator"),
+            # reads the readiness files only
             "volumeMounts": [_mount("run-nvidia-validations", VALIDATIONS, read_only=True)],
         }
 
@@ -287,6 +437,7 @@ class _Renderer:
             "imagePullPolicy": self.s.gpunode.image_pull_policy,
             "command": command,
             "env": _merge_env(env, _user_env(user_env)),
+            "resources": _resources(agent.key),
         }
         if agent.port is not None:
             c["ports"] = [{"name": "http", "containerPort": agent.port, "protocol": "TCP"}]
@@ -396,7 +547,115 @@ class _Renderer:
         sa = self._service_account(agent)
         if cluster_rules or ns_rules:
             sa.pop("automountServiceAccountToken")
-        return [sa, *self._rbac(agent, cluster_rules, ns_rules), *objs]
+        policy = self._node_policy(agent) if _patches_nodes(cluster_rules) else []
+        return [sa, *self._rbac(agent, cluster_rules, ns_rules), *policy, *objs]
+
+    def _node_policy(self, agent: Agent) -> list[Obj]:
+        """The ValidatingAdmissionPolicy (and its binding) that holds ``agent``'s service account to its own
+        node and the keys it owns there (:func:`node_writes`), whatever its ClusterRole allows.
+
+        RBAC cannot name "the node this pod runs on"; the API server can, from the pod-bound token's
+        ``authentication.kubernetes.io/node-name`` (Kubernetes 1.30 or later). Admission sees only writes:
+        the node watch and the pod list (reads) and evictions (an Eviction names only the pod) stay scoped by
+        the agent itself (field selectors on its node), not by this policy. ``object`` and ``oldObject``
+        are the node after and before the update; the API server itself discards status changes made
+        through the node resource, so the policy compares labels, annotations, spec, finalizers and owner
+        references, each with the agent's own keys left out.
+        """
+        writes = node_writes(self.p)[agent.key]
+        who = agent.name
+        name = f"{who}-own-node"
+        extra, claim = "request.userInfo.extra", _cel(NODE_NAME_CLAIM)
+        variables = [
+            {
+                "name": "nodeName",
+                "expression": f"has({extra}) && {claim} in {extra} && size({extra}[{claim}]) == 1 "
+                f"? {extra}[{claim}][0] : ''",
+            },
+            {"name": "ownedLabels", "expression": _cel_list(writes.labels)},
+            {"name": "ownedAnnotations", "expression": _cel_list(writes.annotations)},
+            {"name": "ownedSpec", "expression": _cel_list(writes.spec)},
+        ]
+        for var, path in (
+            ("Labels", "metadata.labels"),
+            ("Annotations", "metadata.annotations"),
+            ("Spec", "spec"),
+        ):
+            variables.append({"name": f"old{var}", "expression": _or_empty(f"oldObject.{path}")})
+            variables.append({"name": f"new{var}", "expression": _or_empty(f"object.{path}")})
+        same_meta = " && ".join(
+            f"{_or_empty(f'object.metadata.{f}', '[]')} == {_or_empty(f'oldObject.metadata.{f}', '[]')}"
+            for f in ("finalizers", "ownerReferences")
+        )
+        spec_text = (
+            f"only {', '.join('spec.' + f for f in writes.spec)} of its node"
+            if writes.spec
+            else "nothing in its node's spec"
+        )
+        validations = [
+            {
+                "expression": "variables.nodeName != ''",
+                "message": f"{who} may change a node only with a service account token bound to a pod on it "
+                f"(the {NODE_NAME_CLAIM} claim, Kubernetes 1.30 or later); this request carries none",
+            },
+            {
+                "expression": "object.metadata.name == variables.nodeName",
+                "message": f"{who} may change only the node its pod runs on",
+                "messageExpression": f"{_cel(who + ' may change only the node its pod runs on (')} + "
+                "variables.nodeName + '), not ' + object.metadata.name",
+            },
+            {
+                "expression": _unchanged_except("Labels"),
+                "message": f"{who} may change {_keys_text(writes.labels, 'labels')}",
+            },
+            {
+                "expression": _unchanged_except("Annotations"),
+                "message": f"{who} may change {_keys_text(writes.annotations, 'annotations')}",
+            },
+            {"expression": _unchanged_except("Spec"), "message": f"{who} may change {spec_text}"},
+            {
+                "expression": same_meta,
+                "message": f"{who} may not change its node's finalizers or owner references",
+            },
+        ]
+        meta = self._meta(name, agent, namespaced=False)
+        return [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": meta,
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {
+                        "resourceRules": [
+                            {
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "operations": ["UPDATE"],
+                                "resources": ["nodes"],
+                            }
+                        ]
+                    },
+                    "matchConditions": [
+                        {
+                            "name": "is-" + who,
+                            "expression": f"request.userInfo.username == {_cel(self._username(agent))}",
+                        }
+                    ],
+                    "variables": variables,
+                    "validations": validations,
+                },
+            },
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": self._meta(name, agent, namespaced=False),
+                "spec": {"policyName": name, "validationActions": ["Deny"]},
+            },
+        ]
+
+    def _username(self, agent: Agent) -> str:
+        return f"system:serviceaccount:{self.ns}:{agent.name}"
 
     # ------------------------------------------------------------------ agents
 
@@ -411,12 +670,27 @@ class _Renderer:
         ]
         if d.version:
             env.append(_env("DRIVER_VERSION", d.version))
+        # Every host path the loader uses is under GPUNODE_HOST_ROOT=/host. Kubernetes' readOnly is not
+        # recursive: the host's separately mounted trees under /host (/host/run, /host/sys, /host/dev)
+        # stay writable there, which the loader needs for its state, pid, status and readiness files
+        # (/run/nvidia), the firmware search path (/sys/module/firmware_class) and the device nodes it
+        # creates (/dev/nvidia*); the root filesystem itself (/etc, /usr, /var, ...) is read-only, but for
+        # the one directory it writes, mounted writable on top.
         mounts = [
+            # the driver installation (/run/nvidia/driver) and the readiness files live here, and what
+            # the loader mounts there must reach the host and the other agents' driver-root mounts
             _mount("run-nvidia", "/run/nvidia", propagation="Bidirectional"),
+            # reads the host (kernel, /proc/devices, modules, tools); writes only through the mounts below
             _mount("host-root", "/host", read_only=True),
+            # module options (nvidia-gpunode.conf) and, if asked, the nouveau blacklist, which modprobe
+            # reads from the host's configuration (-C /host/etc/modprobe.d)
+            _mount("host-modprobe-d", "/host/etc/modprobe.d"),
+            # modprobe, rmmod and the driver's tools work on module state through sysfs
             _mount("host-sys", "/sys"),
+            # nvidia-installer and DKMS write their build logs here
             _mount("var-log", "/var/log"),
-            _mount("dev-log", "/dev/log"),
+            # syslog of nvidia-persistenced and the tools: connecting to a socket needs no writable mount
+            _mount("dev-log", "/dev/log", read_only=True),
         ]
         main = self._container(agent, agent.command, env, d.env)
         main["securityContext"] = dict(_PRIVILEGED)
@@ -429,21 +703,26 @@ class _Renderer:
             "command": [agent.name, "upgrade"],
             "env": _merge_env(env, _user_env(d.manager.env)),
             "securityContext": dict(_PRIVILEGED),
+            "resources": _resources("driver"),  # it loads the new driver, which may build the modules
             "volumeMounts": mounts,
         }
         pod: Obj = {
-            "hostPID": True,
+            "hostPID": True,  # unloading names (and waits for) the host processes holding /dev/nvidia*
             "terminationGracePeriodSeconds": 120,
             "initContainers": [manager],
             "containers": [main],
             "volumes": [
                 _host_volume("run-nvidia", "/run/nvidia", "DirectoryOrCreate"),
                 _host_volume("host-root", "/"),
+                _host_volume("host-modprobe-d", "/etc/modprobe.d", "DirectoryOrCreate"),
                 _host_volume("host-sys", "/sys", "Directory"),
                 _host_volume("var-log", "/var/log"),
                 _host_volume("dev-log", "/dev/log"),
             ],
         }
+        # nodes: its own only (the node policy); pods: listed with spec.nodeName=<its node> only (the agent's
+        # field selector: admission does not see reads); evictions: only pods from that list (an Eviction
+        # names only the pod, so admission cannot check the pod's node either)
         nodes = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "patch"]}
         pods = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
         evict = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
@@ -454,7 +733,7 @@ class _Renderer:
         cmd = [*agent.command, "--output", "/var/run/cdi/nvidia.yaml"]
         mounts = [
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
-            _mount("cdi", "/var/run/cdi"),
+            _mount("cdi", "/var/run/cdi"),  # writes the CDI spec, nvidia.yaml
         ]
         inits: list[Obj] = []
         if self.s.driver.enabled:
@@ -499,8 +778,11 @@ class _Renderer:
             "command": [_validator(), "--component", component],
             "env": _merge_env(env, _user_env(self.s.validator.env)),
             "securityContext": _restricted(run_as_root=True),
+            "resources": _resources("validator"),
             "volumeMounts": [
-                _mount("run-nvidia-validations", VALIDATIONS),
+                # writes <component>-ready; the validator puts it under its host root (HOST_ROOT=/host for
+                # the driver), so the writable mount is where it writes, on top of the read-only host
+                _mount("run-nvidia-validations", ("/host" if component == "driver" else "") + VALIDATIONS),
                 _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
                 *mounts,
             ],
@@ -511,15 +793,17 @@ class _Renderer:
         env = self._base_env(agent) + self._nvml_env("compute,utility")
         env += [_env("MIG_STRATEGY", self.s.mig.strategy), _env("FAIL_ON_INIT_ERROR", "true")]
         env += [_env("DEVICE_LIST_STRATEGY", "envvar"), _env("NAMESPACE", self.ns)]
+        # No /var/run/cdi: the plugin neither reads nor writes CDI specs (it hands the kubelet CDI device
+        # names; the runtime reads the toolkit's spec), and a writable spec directory would let it plant
+        # hooks that the runtime runs as root for every GPU container.
         mounts = [
+            # creates its gRPC sockets beside the kubelet's and connects to kubelet.sock
             _mount("device-plugin", "/var/lib/kubelet/device-plugins"),
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
-            _mount("cdi", "/var/run/cdi"),
         ]
         volumes = [
             _host_volume("device-plugin", "/var/lib/kubelet/device-plugins", "Directory"),
             _host_volume("driver-root", self.driver_root),
-            _host_volume("cdi", "/var/run/cdi", "DirectoryOrCreate"),
             _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
         ]
         objs: list[Obj] = []
@@ -533,7 +817,7 @@ class _Renderer:
                 env.append(_env("DEFAULT_CONFIG", dp.config.default))
             mounts.append(_mount("available-configs", "/available-configs", read_only=True))
             volumes.append({"name": "available-configs", "configMap": {"name": name}})
-            cluster_rules.append(
+            cluster_rules.append(  # watch its node's config label, report in annotations (node policy)
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "patch"]}
             )
         main = self._container(agent, agent.command, env, dp.env)
@@ -620,21 +904,29 @@ class _Renderer:
         main["ports"] = [{"name": "metrics", "containerPort": agent.port, "protocol": "TCP"}]
         main["livenessProbe"]["httpGet"]["port"] = "metrics"
         main["readinessProbe"]["httpGet"]["port"] = "metrics"
-        main["securityContext"] = _restricted()
+        pods = _env_value(main["env"], "DCGM_EXPORTER_KUBERNETES").strip().lower() in ("1", "true", "yes")
+        # The kubelet creates pod-resources/ 0750 and its socket owned by root, and connecting to a socket
+        # takes write permission on it: only root gets in (a group does not: the socket is not group
+        # writable). So with pod labels on, the exporter runs as root, with every capability dropped (no
+        # DAC override: root is simply the owner), no privilege escalation, a read-only root file system.
+        main["securityContext"] = _restricted(run_as_root=pods)
         main["volumeMounts"] = [
-            _mount("pod-resources", "/var/lib/kubelet/pod-resources", read_only=True),
+            # the kubelet's PodResources socket (pod labels): connecting needs no writable mount
+            *([_mount("pod-resources", "/var/lib/kubelet/pod-resources", read_only=True)] if pods else []),
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
         ]
+        volumes = [
+            _host_volume("driver-root", self.driver_root),
+            _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
+        ]
+        if pods:
+            volumes.insert(0, _host_volume("pod-resources", "/var/lib/kubelet/pod-resources", "Directory"))
         pod: Obj = {
             "runtimeClassName": self.s.operator.runtime_class,
             "automountServiceAccountToken": False,
             "initContainers": [self._wait_init("toolkit")],
             "containers": [main],
-            "volumes": [
-                _host_volume("pod-resources", "/var/lib/kubelet/pod-resources", "Directory"),
-                _host_volume("driver-root", self.driver_root),
-                _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
-            ],
+            "volumes": volumes,
         }
         service: Obj = {
             "apiVersion": "v1",
@@ -678,8 +970,8 @@ class _Renderer:
         env = self._base_env(agent) + self._nvml_env()
         env += [
             _env("NVIDIA_MIG_CONFIG_DEVICES", "all"),
-            _env("HOST_ROOT_MOUNT", "/host"),
-            _env("GPUNODE_HOST_ROOT", "/host"),
+            _env("HOST_ROOT_MOUNT", "/host"),  # systemctl through chroot /host
+            _env("GPUNODE_HOST_ROOT", "/"),  # GPU resets through /sys, the host's, mounted writable
             _env("CONFIG_FILE", "/mig-parted-config/config.yaml"),
             _env("MIG_PARTED_JOURNAL_FILE", DEFAULT_JOURNAL),
         ]
@@ -698,19 +990,24 @@ class _Renderer:
             name = mm.config.name
         main = self._container(agent, agent.command, env, mm.env)
         main["securityContext"] = dict(_PRIVILEGED)
+        # No /var/run/cdi (the toolkit's watch regenerates the CDI spec after a MIG change) and no
+        # /run/nvidia/validations in the main container (the manager neither reads nor writes them).
         main["volumeMounts"] = [
-            _mount("host-root", "/host", propagation="HostToContainer"),
+            # `chroot /host systemctl` stops and starts the host's GPU clients: the binary and its libraries
+            # are read, systemd is reached through its socket (connecting needs no writable mount)
+            _mount("host-root", "/host", read_only=True, propagation="HostToContainer"),
+            # a MIG mode change resets the GPU through /sys/bus/pci/devices/<bdf>/reset
             _mount("host-sys", "/sys"),
-            _mount("run-nvidia-validations", VALIDATIONS),
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
-            _mount("cdi", "/var/run/cdi"),
+            # the apply journal, so that an interrupted change is finished after a crash or reboot
             _mount("mig-state", "/var/lib/gpunode/mig"),
             _mount("mig-parted-config", "/mig-parted-config", read_only=True),
         ]
         pod: Obj = {
             "runtimeClassName": self.s.operator.runtime_class,
+            # NVML names the processes in a change's way by host PID; no hostIPC: nothing uses the host's
+            # IPC namespace (NVIDIA's manifest sets it without a stated need)
             "hostPID": True,
-            "hostIPC": True,
             "terminationGracePeriodSeconds": 600,
             "initContainers": [self._wait_init("toolkit")],
             "containers": [main],
@@ -719,12 +1016,11 @@ class _Renderer:
                 _host_volume("host-sys", "/sys", "Directory"),
                 _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
                 _host_volume("driver-root", self.driver_root),
-                _host_volume("cdi", "/var/run/cdi", "DirectoryOrCreate"),
                 _host_volume("mig-state", "/var/lib/gpunode/mig", "DirectoryOrCreate"),
                 {"name": "mig-parted-config", "configMap": {"name": name}},
             ],
         }
-        rules = [
+        rules = [  # nodes: its own only (the node policy); pods: listed with spec.nodeName=<its node> only
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "patch"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         ]

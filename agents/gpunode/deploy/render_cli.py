@@ -2,7 +2,8 @@
 
     gpunode render --policy FILE [--strict] [--images] [--namespace NS] [--image IMAGE] [-o DIR|-]
 
-``-o -`` (the default) prints every manifest; ``-o DIR`` writes ``common.yaml`` and one file per agent.
+``-o -`` (the default) prints every manifest; ``-o DIR`` writes ``common.yaml`` and one file per agent, each
+atomically (a symlink at a file's name is replaced, not followed).
 ``--images`` prints the images the policy needs, one a line (for air-gapped mirroring). Exit 2 for a
 malformed policy (file, YAML path, reason), or with ``--strict`` for unknown or unsupported fields.
 """
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpunode.api.clusterpolicy import load_policy
+from gpunode.common.atomic import atomic_write
 from gpunode.common.errors import ConfigError
 from gpunode.common.settings import SettingsParser, setting
 from gpunode.deploy.render import dump_yaml, images, render, render_by_agent
@@ -94,8 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         os.makedirs(args.output, exist_ok=True)
         for key, objs in render_by_agent(loaded.policy, namespace=args.namespace, image=args.image).items():
-            with open(os.path.join(args.output, f"{key}.yaml"), "w", encoding="utf-8") as fh:
-                fh.write(dump_yaml(objs))
+            # Atomic: a reader (kubectl apply -f DIR) never sees half a file, and a symlink planted at the
+            # file's name is replaced, never written through.
+            atomic_write(os.path.join(args.output, f"{key}.yaml"), dump_yaml(objs), 0o644)
     except OSError as exc:
         print(f"gpunode render: error: {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import yaml
 
 from gpunode.api.clusterpolicy import load_policy
-from gpunode.deploy.render import agents, dump_yaml, render, render_by_agent
+from gpunode.deploy.render import RESOURCES, agents, dump_yaml, node_writes, render, render_by_agent
 from gpunode.deploy.render_cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -129,6 +130,8 @@ def test_daemonset_conventions(name: str) -> None:
             assert port_names[main_c["readinessProbe"]["httpGet"]["port"]] == agent.port
         env = {e["name"]: e for e in main_c["env"]}
         assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        assert "hostIPC" not in pod, agent.name  # no agent uses the host's IPC namespace
+        assert pod.get("hostPID", False) is (agent.key in ("driver", "mig-manager"))
         for c in pod.get("initContainers", []) + pod["containers"]:
             sc = c["securityContext"]
             if agent.key in ("driver", "mig-manager") and not c["name"].startswith("wait-for"):
@@ -138,8 +141,12 @@ def test_daemonset_conventions(name: str) -> None:
             assert sc["allowPrivilegeEscalation"] is False
             assert sc["capabilities"]["drop"] == ["ALL"]
             assert sc["readOnlyRootFilesystem"] is True
-        if agent.key in ("exporter", "feature-discovery"):
+        if agent.key == "feature-discovery":
             assert main_c["securityContext"]["runAsNonRoot"] is True
+        if agent.key == "exporter":
+            # root only to reach the kubelet's root-only pod-resources socket, with nothing added back
+            assert main_c["securityContext"]["runAsUser"] == 0
+            assert "add" not in main_c["securityContext"]["capabilities"]
 
 
 def objs_image(objs: list[dict[str, Any]]) -> str:
@@ -214,6 +221,229 @@ def test_rbac_exactly_as_documented(name: str) -> None:
             assert o["subjects"][0]["name"] == o["metadata"]["name"]
         if o["kind"] == "ServiceAccount" and o["metadata"]["name"] not in found:
             assert o["automountServiceAccountToken"] is False
+
+
+# The hostPath mounts a container may write, (DaemonSet, container, mountPath) -> why; every other hostPath
+# mount is read-only. The README's "Host paths" table says the same.
+WRITABLE = {
+    ("gpunode-device-plugin", "device-plugin", "/var/lib/kubelet/device-plugins"): "its gRPC sockets",
+    (
+        "gpunode-driver-loader",
+        "driver",
+        "/run/nvidia",
+    ): "driver installation, readiness files (Bidirectional)",
+    ("gpunode-driver-loader", "driver", "/host/etc/modprobe.d"): "module options, nouveau blacklist",
+    ("gpunode-driver-loader", "driver", "/sys"): "module tools work on sysfs",
+    ("gpunode-driver-loader", "driver", "/var/log"): "nvidia-installer / DKMS build logs",
+    ("gpunode-driver-loader", "driver-manager", "/run/nvidia"): "as the loader (it loads the new driver)",
+    ("gpunode-driver-loader", "driver-manager", "/host/etc/modprobe.d"): "as the loader",
+    ("gpunode-driver-loader", "driver-manager", "/sys"): "as the loader",
+    ("gpunode-driver-loader", "driver-manager", "/var/log"): "as the loader",
+    ("gpunode-mig-manager", "mig-manager", "/sys"): "GPU reset after a MIG mode change",
+    ("gpunode-mig-manager", "mig-manager", "/var/lib/gpunode/mig"): "the apply journal",
+    ("gpunode-toolkit", "cdi-generate", "/var/run/cdi"): "the CDI spec",
+    ("gpunode-toolkit", "toolkit", "/var/run/cdi"): "the CDI spec, rewritten on MIG changes",
+    ("gpunode-toolkit", "toolkit-validation", "/run/nvidia/validations"): "toolkit-ready",
+    (
+        "gpunode-toolkit",
+        "driver-validation",
+        "/host/run/nvidia/validations",
+    ): "driver-ready (host root /host)",
+}
+
+
+def _host_mounts(objs: list[dict[str, Any]]) -> Iterator[tuple[str, str, dict[str, Any], str]]:
+    """(DaemonSet, container, mount, host path) for every hostPath mount."""
+    for ds in _daemonsets(objs):
+        pod = ds["spec"]["template"]["spec"]
+        host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            for m in c.get("volumeMounts", []):
+                if m["name"] in host:
+                    yield ds["metadata"]["name"], c["name"], m, host[m["name"]]
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_host_paths_are_read_only_unless_the_agent_writes_there(name: str) -> None:
+    seen = set()
+    for ds, container, mount, host in _host_mounts(_rendered(name)):
+        key = (ds, container, mount["mountPath"])
+        seen.add(key)
+        assert mount.get("readOnly", False) is (key not in WRITABLE), (key, host)
+    assert seen, name
+
+
+def test_the_writable_table_has_no_stale_rows() -> None:
+    seen = {(ds, c, m["mountPath"]) for n in SEEDS for ds, c, m, _ in _host_mounts(_rendered(n))}
+    assert set(WRITABLE) <= seen
+
+
+def test_no_cdi_directory_where_nothing_writes_specs() -> None:
+    """The device plugin and the MIG manager neither read nor write CDI specs: no /var/run/cdi at all (a
+    writable one would let them plant hooks the runtime runs as root for every GPU container)."""
+    for n in SEEDS:
+        for ds, _, mount, host in _host_mounts(_rendered(n)):
+            if ds in ("gpunode-device-plugin", "gpunode-mig-manager"):
+                assert host != "/var/run/cdi", (n, ds, mount)
+
+
+def test_the_driver_loader_writes_the_host_root_only_where_mounted_writable() -> None:
+    """GPUNODE_HOST_ROOT=/host is read-only; /etc/modprobe.d (module options) is mounted writable on top,
+    and the MIG manager resets GPUs through its writable /sys (GPUNODE_HOST_ROOT=/)."""
+    by_name = {
+        ds["metadata"]["name"]: ds["spec"]["template"]["spec"] for ds in _daemonsets(_rendered("default"))
+    }
+    for container in (
+        by_name["gpunode-driver-loader"]["containers"] + by_name["gpunode-driver-loader"]["initContainers"]
+    ):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["GPUNODE_HOST_ROOT"] == "/host"
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts["/host"]["readOnly"] is True
+        assert "readOnly" not in mounts["/host/etc/modprobe.d"]
+    mig = by_name["gpunode-mig-manager"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in mig["env"]}
+    assert (env["GPUNODE_HOST_ROOT"], env["HOST_ROOT_MOUNT"]) == ("/", "/host")
+    assert {m["mountPath"]: m.get("readOnly", False) for m in mig["volumeMounts"]}["/sys"] is False
+
+
+def _quantity(text: str) -> float:
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * factor
+    return float(text)
+
+
+# Measured working sets (MB RSS), which the memory limits must leave room for (README, "Resources").
+MEASURED_RSS_MB = {
+    "device-plugin": 55,
+    "feature-discovery": 45,
+    "exporter": 35,
+    "toolkit": 31,
+    "mig-manager": 40,
+    "driver": 30,
+    "validator": 31,
+}
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_every_container_has_requests_and_limits(name: str) -> None:
+    for ds in _daemonsets(_rendered(name)):
+        pod = ds["spec"]["template"]["spec"]
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            r = c["resources"]
+            for kind in ("cpu", "memory"):
+                assert _quantity(r["limits"][kind]) >= _quantity(r["requests"][kind]), (ds, c["name"], kind)
+            role = "validator" if c["command"][0] == "gpunode-validator" else c["command"][0]
+            role = next((a.key for a in agents() if a.name == role), role)
+            assert r == RESOURCES[role], (ds["metadata"]["name"], c["name"])
+            assert _quantity(r["limits"]["memory"]) >= 4 * MEASURED_RSS_MB[role] * 2**20, role
+            assert _quantity(r["requests"]["memory"]) >= MEASURED_RSS_MB[role] * 1e6, role
+
+
+def test_the_exporter_without_pod_labels_runs_as_nobody(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        BASE
+        + "spec:\n  dcgmExporter:\n    env:\n    - name: DCGM_EXPORTER_KUBERNETES\n      value: 'false'\n",
+    )
+    objs = render(load_policy(path).policy)
+    ds = next(d for d in _daemonsets(objs) if d["metadata"]["name"] == "gpunode-exporter")
+    main_c = ds["spec"]["template"]["spec"]["containers"][0]
+    assert main_c["securityContext"]["runAsNonRoot"] is True
+    assert all(m["name"] != "pod-resources" for m in main_c["volumeMounts"])
+    assert all(v["name"] != "pod-resources" for v in ds["spec"]["template"]["spec"]["volumes"])
+
+
+# -- the node policies -------------------------------------------------------------------------------------
+def _policies(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")}
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_every_agent_that_patches_nodes_gets_a_node_policy(name: str) -> None:
+    objs = _rendered(name)
+    patchers = {
+        o["metadata"]["name"]
+        for o in objs
+        if o["kind"] == "ClusterRole"
+        and any("nodes" in r["resources"] and "patch" in r["verbs"] for r in o["rules"])
+    }
+    policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert {p["metadata"]["name"] for p in policies} == {f"{a}-own-node" for a in patchers}
+    assert {b["spec"]["policyName"] for b in bindings} == {p["metadata"]["name"] for p in policies}
+    for b in bindings:
+        assert b["spec"]["validationActions"] == ["Deny"]
+        assert b["metadata"]["name"] == b["spec"]["policyName"]
+    for p in policies:
+        spec = p["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        assert spec["matchConstraints"]["resourceRules"] == [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}
+        ]
+        agent = p["metadata"]["name"].removesuffix("-own-node")
+        assert spec["matchConditions"] == [
+            {
+                "name": f"is-{agent}",
+                "expression": f"request.userInfo.username == 'system:serviceaccount:gpunode:{agent}'",
+            }
+        ]
+    # apply order: a policy and its binding come with the agent's RBAC, before its DaemonSet
+    order = [(o["kind"], o["metadata"]["name"]) for o in objs]
+    for agent in patchers:
+        binding = order.index(("ValidatingAdmissionPolicyBinding", f"{agent}-own-node"))
+        assert binding < order.index(("DaemonSet", agent))
+
+
+def test_node_policies_follow_the_namespace(tmp_path: Path) -> None:
+    objs = render(load_policy(POLICIES / "default.yaml").policy, namespace="gpu")
+    for p in (o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"):
+        assert "'system:serviceaccount:gpu:gpunode-" in p["spec"]["matchConditions"][0]["expression"]
+
+
+@pytest.mark.parametrize("version", ["1.30", K8S_VERSION])
+def test_node_policies_validate_from_kubernetes_1_30(version: str) -> None:
+    """admissionregistration.k8s.io/v1 policies are GA in 1.30, as is the node-name claim they read."""
+    objs = _rendered("mig-mixed-timeslicing")
+    found = [o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert len(found) == 6  # device plugin, driver loader, MIG manager: a policy and a binding each
+    for obj in found:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_eviction_label_belongs_to_both_pausing_agents(tmp_path: Path) -> None:
+    body = (
+        "spec:\n  driver:\n    manager:\n      env:\n      - name: NODE_LABEL_FOR_GPU_POD_EVICTION\n"
+        "        value: example.com/gpu-jobs\n"
+    )
+    writes = node_writes(load_policy(_write(tmp_path, BASE + body)).policy)
+    assert "example.com/gpu-jobs" in writes["driver"].labels
+    assert "example.com/gpu-jobs" in writes["mig-manager"].labels  # it may restore the loader's pause
+    bad = body.replace("example.com/gpu-jobs", "'not a key!'")
+    writes = node_writes(load_policy(_write(tmp_path, BASE + bad)).policy)
+    assert not any("not a key" in k for k in writes["driver"].labels)  # the loader refuses it (exit 2)
+
+
+def test_render_to_a_directory_never_writes_through_a_planted_symlink(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me\n")
+    (out / "device-plugin.yaml").symlink_to(outside)
+    (out / "common.yaml").symlink_to(tmp_path / "missing-target")
+    assert main(["--policy", str(POLICIES / "default.yaml"), "-o", str(out)]) == 0
+    assert outside.read_text() == "keep me\n"
+    assert not (tmp_path / "missing-target").exists()
+    for f in out.iterdir():
+        assert not f.is_symlink(), f
+        assert f.is_file(), f
+        assert f.stat().st_mode & 0o777 == 0o644
+    assert sorted(f.name for f in out.iterdir()) == sorted(
+        f"{k}.yaml" for k in render_by_agent(load_policy(POLICIES / "default.yaml").policy)
+    )
+    assert not [f for f in out.iterdir() if f.name.startswith(".")]  # no temporary file left
 
 
 def test_exporter_service_and_servicemonitor() -> None:
