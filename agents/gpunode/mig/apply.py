@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,9 +38,19 @@ from gpunode.nvml import errors
 from gpunode.nvml.api import GpuInfo, Nvml, Placement
 from gpunode.nvml.errors import ResetFailed
 
-KILL_AFTER_ENV = "GPUNODE_MIG_KILL_AFTER_STEP"  # fault injection for crash tests: SIGKILL after step N
-
 HookRunner = Callable[[str], Awaitable[None]]
+StepHook = Callable[[int], None]
+
+_step_hook: StepHook | None = None
+
+
+def install_step_hook(hook: StepHook | None) -> None:
+    """Testing seam: call ``hook(n)`` right after the n-th journalled step of every :class:`Applier`
+    created afterwards in this process (None removes it). The crash tests install one that SIGKILLs the
+    process (``tests/helpers/mig_crash.py``, which then runs the command's ``main``). Only code running
+    in the process can install it: nothing reads it from the environment, a flag or a file."""
+    global _step_hook
+    _step_hook = hook
 
 
 class MigError(Exception):
@@ -125,6 +134,7 @@ class Applier:
         journal: Path | None = None,
         hooks: HookRunner | None = None,
         progress: Callable[[str], None] | None = None,
+        after_step: StepHook | None = None,
     ) -> None:
         self.nvml = nvml
         self.resetter = resetter
@@ -133,7 +143,7 @@ class Applier:
         self.progress = progress or (lambda _line: None)
         self.log = get_logger("gpunode.mig")
         self._steps = 0
-        self._kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
+        self._after_step = after_step if after_step is not None else _step_hook  # tests only
 
     # -- planning --------------------------------------------------------------------------------------
     async def desired(
@@ -357,8 +367,8 @@ class Applier:
         self.progress(text)
         self.log.info("mig_step", gpu=gpu, step=report.steps, detail=text)
         self._steps += 1
-        if self._kill_after and self._steps >= self._kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)  # crash tests: die right after this step, no cleanup
+        if self._after_step is not None:
+            self._after_step(self._steps)  # the crash tests' seam (install_step_hook)
 
     async def _hook(self, name: str) -> None:
         if self.hooks is not None:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from gpunode.sim import nvml as sim
+from helpers import mig_crash
 
 MIG = str(Path(sys.executable).parent / "gpunode-mig")
 
@@ -67,13 +68,19 @@ def config(tmp_path: Path) -> Path:
 
 
 def mig(
-    node: Path, *args: str, env: dict[str, str] | None = None, journal: Path | None = None
+    node: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    journal: Path | None = None,
+    kill_after: int | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """``gpunode-mig ARGS``; ``kill_after``: through the crash helper, SIGKILLed after that step."""
     if journal is None:  # never the real /var/lib/gpunode: one beside the state file
         journal = node.parent / "journal.json"
     extra = ["--journal-file", str(journal)] if args and args[0] == "apply" else []
+    command = [MIG] if kill_after is None else [*mig_crash.COMMAND, str(kill_after), "gpunode-mig"]
     return subprocess.run(
-        [MIG, *args, "--sim-state", str(node), *extra],
+        [*command, *args, "--sim-state", str(node), *extra],
         capture_output=True,
         text=True,
         timeout=120,
@@ -295,16 +302,7 @@ def test_killed_at_any_step_the_next_apply_converges(
 ) -> None:
     journal = tmp_path / "journal.json"
     assert mig(node, "apply", "-f", str(config), "-c", "all-balanced", journal=journal).returncode == 0
-    r = mig(
-        node,
-        "apply",
-        "-f",
-        str(config),
-        "-c",
-        "split-3g",
-        journal=journal,
-        env={"GPUNODE_MIG_KILL_AFTER_STEP": str(kill_after)},
-    )
+    r = mig(node, "apply", "-f", str(config), "-c", "split-3g", journal=journal, kill_after=kill_after)
     assert r.returncode == -9, "the change takes 16 NVML steps: it must die at the kill point"
     assert journal.exists()
     r = mig(node, "apply", "-f", str(config), "-c", "split-3g", journal=journal)

@@ -19,6 +19,7 @@ import pytest
 
 from gpunode.sim import nvml as sim
 from gpunode.sim.apiserver import FakeApiServer
+from helpers import mig_crash
 from helpers.waiting import wait_until
 
 MANAGER = str(Path(sys.executable).parent / "gpunode-mig-manager")
@@ -93,12 +94,18 @@ def api(tmp_path: Path) -> Iterator[FakeApiServer]:
 class Manager:
     """One manager process; its JSON log goes to a file (read it with :meth:`events`)."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log: Path, env: dict[str, str] | None = None, kill_after: int | None = None
+    ) -> None:
         self.log = log
         self.out = log.open("a")
         full_env = {**os.environ, "GPUNODE_MIG_NOTIFY_PROCESSES": NOTIFY_NAME, "LOG_FORMAT": "json"}
+        # kill_after: through the crash helper, which SIGKILLs the manager right after that MIG step
+        command = (
+            [MANAGER] if kill_after is None else [*mig_crash.COMMAND, str(kill_after), "gpunode-mig-manager"]
+        )
         self.proc = subprocess.Popen(
-            [MANAGER, *args], stdout=self.out, stderr=subprocess.STDOUT, env={**full_env, **(env or {})}
+            [*command, *args], stdout=self.out, stderr=subprocess.STDOUT, env={**full_env, **(env or {})}
         )
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
@@ -128,7 +135,9 @@ class Manager:
 def start(node: Path, config: Path, tmp_path: Path) -> Iterator[Any]:
     started: list[Manager] = []
 
-    def run(*args: str, env: dict[str, str] | None = None, kube: bool = True) -> Manager:
+    def run(
+        *args: str, env: dict[str, str] | None = None, kube: bool = True, kill_after: int | None = None
+    ) -> Manager:
         base = ["--sim-state", str(node), "--config-file", str(config), "--http-port", "-1"]
         base += ["--journal-file", str(tmp_path / "journal.json")]
         if kube:
@@ -140,7 +149,7 @@ def start(node: Path, config: Path, tmp_path: Path) -> Iterator[Any]:
                 "--operand-timeout",
                 "3",
             ]
-        m = Manager([*base, *args], tmp_path / f"manager-{len(started)}.log", env)
+        m = Manager([*base, *args], tmp_path / f"manager-{len(started)}.log", env, kill_after)
         started.append(m)
         return m
 
@@ -325,7 +334,7 @@ def test_a_failure_is_retried_by_the_reassert_once_its_cause_is_gone(
 def test_killed_while_paused_the_next_start_restores_and_converges(
     start: Any, api: FakeApiServer, node: Path, tmp_path: Path
 ) -> None:
-    first = start(env={"GPUNODE_MIG_KILL_AFTER_STEP": "3"})
+    first = start(kill_after=3)
     wait_until(lambda: bool(first.events("mig_config_unset")), timeout=15)
     select(api, "all-balanced")
     assert first.proc.wait(20) == -signal.SIGKILL
@@ -443,7 +452,8 @@ def test_bare_metal_follows_the_selected_config_file(start: Any, node: Path, tmp
 FAKE_SYSTEMCTL = """\
 #!/bin/sh
 echo "$@" >> {log}
-case "$1 $2" in
+for unit; do :; done  # the unit comes last, after --
+case "$1 $unit" in
   "show nvidia-dcgm.service") printf 'LoadState=loaded\\nActiveState=active\\nType=simple\\n';;
   "show kubelet.service") printf 'LoadState=loaded\\nActiveState=active\\nType=simple\\n';;
   "show nvsm.service") printf 'LoadState=not-found\\nActiveState=inactive\\n';;
@@ -481,11 +491,11 @@ def test_oneshot_with_host_clients_stopped_around_the_change(
     assert devices(node) == [4] * 8
     acted = [line for line in calls.read_text().splitlines() if not line.startswith("show")]
     # a mode change: the kubelet goes too; everything comes back in reverse order
-    assert acted == [
-        "stop nvidia-dcgm.service",
-        "stop kubelet.service",
-        "start kubelet.service",
-        "start nvidia-dcgm.service",
+    assert acted == [  # unit names after --: arguments, never options
+        "stop -- nvidia-dcgm.service",
+        "stop -- kubelet.service",
+        "start -- kubelet.service",
+        "start -- nvidia-dcgm.service",
     ]
 
     selected.write_text("no-such-layout\n")
