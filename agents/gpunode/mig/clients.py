@@ -17,7 +17,9 @@ change: on success, on failure, and when the manager is cancelled. The file is r
 :mod:`gpunode.api.gpu_clients`.
 
 systemd is reached through ``systemctl`` (on the host: ``chroot <host root> systemctl``), behind the
-:class:`Systemctl` protocol so that tests use a fake.
+:class:`Systemctl` protocol so that tests use a fake. Unit names are arguments, never options: each is
+checked against systemd's unit-name grammar (:func:`gpunode.common.cmdargs.unit_name_problem`) before
+any ``systemctl`` runs, and placed after ``--``. Its output is kept as a bounded tail.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol
 
+from gpunode.common.bounds import Tail, clip, communicate
+from gpunode.common.cmdargs import unit_name_problem
 from gpunode.common.logging import Logger, get_logger
 
 __all__ = [
@@ -124,8 +128,11 @@ class SystemctlCommand:
         self.prefix = tuple(prefix)
         self.show_timeout = show_timeout
 
-    async def _run(self, args: Sequence[str], timeout: float) -> tuple[int, str, str]:
-        argv = [*self.prefix, *args]
+    async def _run(self, args: Sequence[str], unit: str, timeout: float) -> tuple[int, str, str]:
+        problem = unit_name_problem(unit)
+        if problem is not None:  # the clients file is checked at load; this guards every other caller
+            raise ClientsError(f"refusing to run systemctl {args[0]}: {problem}")
+        argv = [*self.prefix, *args, "--", unit]
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -135,8 +142,9 @@ class SystemctlCommand:
             )
         except OSError as exc:
             raise ClientsError(f"cannot run {' '.join(argv)}: {exc.strerror or exc}") from None
+        out, err = Tail(), Tail()
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            await asyncio.wait_for(communicate(proc, out, err), timeout)
         except (TimeoutError, asyncio.CancelledError) as exc:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -146,30 +154,30 @@ class SystemctlCommand:
                 raise
             raise ClientsError(f"{' '.join(argv)} timed out after {timeout:g} s") from None
         code = proc.returncode if proc.returncode is not None else -1
-        return code, out.decode(errors="replace"), err.decode(errors="replace")
+        return code, out.data.decode(errors="replace"), err.data.decode(errors="replace")
 
     async def status(self, unit: str) -> UnitStatus:
         code, out, err = await self._run(
-            ["show", unit, "--property=LoadState,ActiveState,UnitFileState,Type"], self.show_timeout
+            ["show", "--property=LoadState,ActiveState,UnitFileState,Type"], unit, self.show_timeout
         )
         if code != 0:
             raise ClientsError(f"systemctl show {unit}: exit {code}: {_last_line(err)}")
         return parse_show(unit, out)
 
     async def stop(self, unit: str, timeout: float) -> None:
-        code, _, err = await self._run(["stop", unit], timeout)
+        code, _, err = await self._run(["stop"], unit, timeout)
         if code != 0:
             raise ClientsError(f"systemctl stop {unit}: exit {code}: {_last_line(err)}")
 
     async def start(self, unit: str, timeout: float) -> None:
-        code, _, err = await self._run(["start", unit], timeout)
+        code, _, err = await self._run(["start"], unit, timeout)
         if code != 0:
             raise ClientsError(f"systemctl start {unit}: exit {code}: {_last_line(err)}")
 
 
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no message"
+    return clip(lines[-1], 500) if lines else "no message"
 
 
 # -- stopping and restarting ------------------------------------------------------------------------

@@ -5,7 +5,9 @@ is read by :mod:`gpunode.api.mig_hooks`. The commands of one hook run in order; 
 (non-zero exit, timeout, cannot start) stops the list with :class:`HookFailed`. As in mig-parted, a hook
 inherits nothing from our environment: it sees its own ``envs`` overlaid with the ``MIG_PARTED_*``
 values the caller passes (those win), so commands and their arguments need absolute paths. Which hooks
-run when, and what a failing ``apply-exit`` means, is the caller's business.
+run when, and what a failing ``apply-exit`` means, is the caller's business. A hook's output is read as
+it comes and only its last 64 KiB per stream kept (:class:`gpunode.common.bounds.Tail`), so a hook that
+prints gigabytes costs no more memory than one that prints a line.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from gpunode.api.mig_hooks import HOOK_NAMES, HookCommand, HookName, HooksSpec
+from gpunode.common.bounds import Tail, communicate
 
 if TYPE_CHECKING:
     from gpunode.common.logging import Logger
@@ -53,8 +56,8 @@ class HookFailed(Exception):
         return f"{text}: {tail.splitlines()[-1]}" if tail else text
 
 
-def _tail(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")[-_TAIL_CHARS:]
+def _tail(tail: Tail) -> str:
+    return tail.data.decode("utf-8", errors="replace")[-_TAIL_CHARS:]
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -63,13 +66,7 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _output(talk: asyncio.Task[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-    if talk.done() and not talk.cancelled() and talk.exception() is None:
-        return talk.result()
-    return b"", b""
-
-
-async def _reap(proc: asyncio.subprocess.Process, talk: asyncio.Task[tuple[bytes, bytes]]) -> None:
+async def _reap(proc: asyncio.subprocess.Process, talk: asyncio.Task[tuple[Tail, Tail]]) -> None:
     _kill_group(proc)
     try:
         await asyncio.wait_for(asyncio.shield(talk), _REAP_S)
@@ -99,26 +96,38 @@ async def _run_one(name: str, hook: HookCommand, env: dict[str, str], timeout: f
         reason = f"cannot start: {exc.strerror or exc}"
         log.info("mig_hook_finished", hook=name, command=hook.command, returncode=None, error=reason)
         raise HookFailed(name, hook.command, None, "", reason) from None
-    talk = asyncio.ensure_future(proc.communicate())
+    stdout, stderr = Tail(), Tail()  # what was read stays here even when the reading is cut short
+    talk = asyncio.ensure_future(communicate(proc, stdout, stderr))
     try:
-        stdout, stderr = await asyncio.wait_for(asyncio.shield(talk), timeout)
+        await asyncio.wait_for(asyncio.shield(talk), timeout)
     except TimeoutError:
         await _reap(proc, talk)
-        out, err = _output(talk)
         reason = f"timed out after {timeout:g} s"
-        log.debug("mig_hook_output", hook=name, command=hook.command, stdout=_tail(out), stderr=_tail(err))
+        _log_output(log, name, hook, stdout, stderr)
         log.info("mig_hook_finished", hook=name, command=hook.command, returncode=None, error=reason)
-        raise HookFailed(name, hook.command, None, _tail(err), reason) from None
+        raise HookFailed(name, hook.command, None, _tail(stderr), reason) from None
     except asyncio.CancelledError:
         await _reap(proc, talk)
         raise
     duration = round(time.monotonic() - started, 3)
-    log.debug("mig_hook_output", hook=name, command=hook.command, stdout=_tail(stdout), stderr=_tail(stderr))
+    _log_output(log, name, hook, stdout, stderr)
     log.info(
         "mig_hook_finished", hook=name, command=hook.command, returncode=proc.returncode, duration_s=duration
     )
     if proc.returncode != 0:
         raise HookFailed(name, hook.command, proc.returncode, _tail(stderr))
+
+
+def _log_output(log: Logger, name: str, hook: HookCommand, stdout: Tail, stderr: Tail) -> None:
+    log.debug(
+        "mig_hook_output",
+        hook=name,
+        command=hook.command,
+        stdout=_tail(stdout),
+        stderr=_tail(stderr),
+        stdout_bytes=stdout.total,
+        stderr_bytes=stderr.total,
+    )
 
 
 async def run_hooks(
@@ -134,7 +143,8 @@ async def run_hooks(
     Each command's environment is its ``envs`` overlaid with ``base_env`` (the caller's
     ``MIG_PARTED_*`` values win) and nothing else; it runs in ``workdir`` when set, with stdin closed,
     in a session of its own (killed with everything it started on timeout or cancellation). Output is
-    captured and logged at debug level as ``mig_hook_output``. ``hooks`` None: there is nothing to run.
+    captured as a bounded tail and logged at debug level as ``mig_hook_output`` (its last 2000
+    characters per stream, with the byte counts). ``hooks`` None: there is nothing to run.
     """
     if name not in HOOK_NAMES:
         raise ValueError(f"unknown hook {name!r}; hooks are {', '.join(HOOK_NAMES)}")

@@ -42,6 +42,7 @@ from typing import Literal, Protocol
 
 from gpunode.api.mig_config import MigEntry, MigSpec
 from gpunode.common import sdnotify
+from gpunode.common.bounds import clip, communicate
 from gpunode.common.errors import ConfigError
 from gpunode.common.logging import Logger, get_logger
 from gpunode.common.metrics import AgentMetrics, create_metrics
@@ -340,11 +341,12 @@ class MigManager:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
-        out, _ = await proc.communicate()
+        out, _ = await communicate(proc)  # only the tail is kept: a chatty command costs 64 KiB
         if proc.returncode != 0:
-            tail = out.decode(errors="replace").strip().splitlines()
+            tail = out.data.decode(errors="replace").strip().splitlines()
             raise RuntimeError(
-                f"{shlex.join(argv)} exited with {proc.returncode}" + (f": {tail[-1]}" if tail else "")
+                f"{shlex.join(argv)} exited with {proc.returncode}"
+                + (f": {clip(tail[-1], 500)}" if tail else "")
             )
 
     async def _set(self, name: str, state: State, reason: str) -> None:

@@ -51,12 +51,17 @@ def build_options(
     from gpunode.api.gpu_clients import load_gpu_clients
     from gpunode.api.mig_config import load_spec
     from gpunode.api.mig_hooks import load_hooks
+    from gpunode.common.cmdargs import unit_name_problem
     from gpunode.common.errors import UsageError
     from gpunode.common.httpcore import default_listen_host
 
     selected = Path(s.selected_config_file) if s.selected_config_file else None
     if selected is not None and not selected.parent.is_dir():
         raise UsageError(f"--selected-config-file: directory {selected.parent} does not exist")
+    kubelet_unit = s.host_kubelet_systemd_service
+    problem = unit_name_problem(kubelet_unit) if kubelet_unit else None
+    if problem is not None:  # it reaches systemctl: an argument, never an option
+        raise UsageError(f"--host-kubelet-systemd-service/HOST_KUBELET_SYSTEMD_SERVICE: {problem}")
     bare = selected is not None
     root = "/" if bare and sources["host_root_mount"] == "default" else s.host_root_mount
     reboot = s.reboot_command or ("reboot" if root == "/" else f"chroot {shlex.quote(root)} reboot")

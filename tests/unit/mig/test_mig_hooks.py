@@ -154,3 +154,17 @@ async def test_cancellation_kills_the_command(tmp_path: Path) -> None:
 async def test_unknown_hook_name() -> None:
     with pytest.raises(ValueError, match="unknown hook 'post-apply'"):
         await run_hooks(None, "post-apply", {}, log=RecordingLog())
+
+
+async def test_output_is_kept_as_a_bounded_tail() -> None:
+    # 8 MB on each stream, then a last line: only the tail is held, the byte counts are logged
+    script = "yes o | head -c 8000000; yes e | head -c 8000000 >&2; echo last >&2; exit 3"
+    spec = hooks_file(**{"apply-start": [sh(script)]})
+    log = RecordingLog()
+    with pytest.raises(HookFailed) as info:
+        await run_hooks(spec, "apply-start", {}, log=log)
+    assert str(info.value).endswith(": last")
+    assert len(info.value.stderr_tail) <= 2000
+    (output,) = log.events("mig_hook_output")
+    assert (output["stdout_bytes"], output["stderr_bytes"]) == (8_000_000, 8_000_005)
+    assert len(output["stdout"]) <= 2000

@@ -270,7 +270,8 @@ async def test_systemctl_command_against_a_fake_systemctl(tmp_path: Path) -> Non
             f"""\
             #!/bin/sh
             echo "$@" >> {log}
-            case "$1 $2" in
+            for unit; do :; done
+            case "$1 $unit" in
               "show dcgm.service") printf 'LoadState=loaded\\nActiveState=active\\nType=simple\\n';;
               "show gone.service") printf 'LoadState=not-found\\nActiveState=inactive\\n';;
               "stop dcgm.service") exit 0;;
@@ -287,7 +288,24 @@ async def test_systemctl_command_against_a_fake_systemctl(tmp_path: Path) -> Non
     await ctl.stop("dcgm.service", 5)
     with pytest.raises(ClientsError, match=r"Job for dcgm\.service failed"):
         await ctl.start("dcgm.service", 5)
-    assert log.read_text().splitlines()[2:] == ["stop dcgm.service", "start dcgm.service"]
+    assert log.read_text().splitlines()[2:] == ["stop -- dcgm.service", "start -- dcgm.service"]
+    assert (
+        log.read_text().splitlines()[0]
+        == "show --property=LoadState,ActiveState,UnitFileState,Type -- dcgm.service"
+    )
+
+
+@pytest.mark.parametrize("unit", ["--host=evil", "-M=x", "a b.service", "x=y"])
+async def test_systemctl_command_refuses_an_option_for_a_unit(tmp_path: Path, unit: str) -> None:
+    log = tmp_path / "calls"
+    script = tmp_path / "systemctl"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    script.chmod(0o755)
+    ctl = SystemctlCommand([str(script)])
+    for call in (ctl.status(unit), ctl.stop(unit, 5), ctl.start(unit, 5)):
+        with pytest.raises(ClientsError, match="refusing to run systemctl"):
+            await call
+    assert not log.exists()  # refused before any systemctl ran
 
 
 # -- the reconfigure sequence, with fakes -----------------------------------------------------------------
