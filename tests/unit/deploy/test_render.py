@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,7 @@ def test_rbac_exactly_as_documented(name: str) -> None:
 
 
 # The hostPath mounts a container may write, (DaemonSet, container, mountPath) -> why; every other hostPath
-# mount is read-only. The README's "Host paths" table says the same.
+# mount is read-only. docs/clusterpolicy.md's "Host paths" table says the same.
 WRITABLE = {
     ("gpunode-device-plugin", "device-plugin", "/var/lib/kubelet/device-plugins"): "its gRPC sockets",
     (
@@ -315,7 +316,7 @@ def _quantity(text: str) -> float:
     return float(text)
 
 
-# Measured working sets (MB RSS), which the memory limits must leave room for (README, "Resources").
+# Measured working sets (MB RSS), which the memory limits must leave room for (docs/clusterpolicy.md).
 MEASURED_RSS_MB = {
     "device-plugin": 55,
     "feature-discovery": 45,
@@ -424,6 +425,60 @@ def test_the_eviction_label_belongs_to_both_pausing_agents(tmp_path: Path) -> No
     bad = body.replace("example.com/gpu-jobs", "'not a key!'")
     writes = node_writes(load_policy(_write(tmp_path, BASE + bad)).policy)
     assert not any("not a key" in k for k in writes["driver"].labels)  # the loader refuses it (exit 2)
+
+
+def _section(text: str, start: str, end: str) -> str:
+    return text[text.index(start) : text.index(end, text.index(start))]
+
+
+def test_the_readme_lists_exactly_the_keys_each_policy_lets_through() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = _section(readme, "**Node policies (Kubernetes 1.30 or later).**", "**Operand pausing**")
+    writes = node_writes(load_policy(POLICIES / "default.yaml").policy)
+    operands = _section(section, "The operand labels are", "plus the driver manager")
+    listed = set(re.findall(r"`([a-z0-9-]+)`", operands))
+    prefix = "nvidia.com/gpu.deploy."
+    pause = {k.removeprefix(prefix) for k in writes["mig-manager"].labels if k.startswith(prefix)}
+    assert listed == pause
+    assert pause | {"driver"} == {k.removeprefix(prefix) for k in writes["driver"].labels}
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
+    for agent, key in (
+        ("device plugin", "device-plugin"),
+        ("MIG manager", "mig-manager"),
+        ("driver manager", "driver"),
+    ):
+        cells = rows[agent].split("|")
+        for k in writes[key].annotations:
+            assert f"`{k}`" in cells[3], (agent, k)
+        for k in writes[key].labels:
+            if not k.startswith(prefix) or k == prefix + "driver":
+                assert f"`{k}`" in cells[2], (agent, k)
+        assert ("`unschedulable`" in cells[4]) is bool(writes[key].spec)
+
+
+def test_the_docs_resources_table_is_what_render_sets() -> None:
+    docs = (ROOT / "docs" / "clusterpolicy.md").read_text(encoding="utf-8")
+    table = _section(docs, "| container | measured RSS |", "`gpunode render -o DIR`")
+    roles = {
+        "device plugin": "device-plugin",
+        "feature discovery": "feature-discovery",
+        "exporter": "exporter",
+        "toolkit": "toolkit",
+        "validator": "validator",
+        "MIG manager": "mig-manager",
+        "driver loader": "driver",
+    }
+    checked = 0
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) != 4:
+            continue
+        role = next(r for name, r in roles.items() if cells[0].startswith(name))
+        r = RESOURCES[role]
+        assert cells[2] == f"{r['requests']['cpu']} / {r['requests']['memory']}", cells
+        assert cells[3] == f"{r['limits']['cpu']} / {r['limits']['memory']}", cells
+        checked += 1
+    assert checked == len(roles)
 
 
 def test_render_to_a_directory_never_writes_through_a_planted_symlink(tmp_path: Path) -> None:
