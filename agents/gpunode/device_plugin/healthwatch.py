@@ -4,7 +4,7 @@ XIDs and double-bit ECC errors (NVML events) and lost GPUs (the probe) make a GP
 :class:`~gpunode.device_plugin.health.XidPolicy` says; the probe also brings quiet GPUs back after the
 hold-down period (:class:`~gpunode.device_plugin.health.HealthTracker` decides both). Each change is
 pushed to the streams of the resources on that GPU. A MIG layout change event asks the resources to
-be built again, and so does a GPU that answers again after it was lost before it was ever read.
+be built again, and so does a GPU that answers again after a rebuild could not read it (lost).
 """
 
 from __future__ import annotations
@@ -79,18 +79,18 @@ class HealthWatch:
                 self.log.info("ecc_corrected", uuid=ev.gpu_uuid, count=ev.data)
 
     async def probe(self) -> None:
-        """Lost GPUs become Unhealthy; quiet ones recover after the hold-down period; a GPU lost before
-        it was ever read is read once it answers."""
+        """Lost GPUs become Unhealthy; quiet ones recover after the hold-down period; a GPU the last
+        rebuild could not read is read again once it answers."""
         res = self.resources
         assert res.nvml is not None
         while True:
             await asyncio.sleep(self.probe_interval)
-            if not self.policy.enabled and not res.unread:
+            if not self.policy.enabled and not res.stale:
                 continue
             lost = set(await res.nvml.lost_gpus())
-            if res.unread - lost:  # a GPU lost before it was ever read answers now: read it
-                self.log.info("gpus_answer_again", gpus=sorted(res.unread - lost))
-                res.unread = frozenset()  # asked once; a rebuild that fails is retried
+            if res.stale - lost:  # a GPU the last rebuild could not read answers again: read it
+                self.log.info("gpus_answer_again", gpus=sorted(res.stale - lost))
+                res.stale = frozenset()  # asked once; a rebuild that fails is retried
                 res.rebuild.set()
             if not self.policy.enabled:
                 continue

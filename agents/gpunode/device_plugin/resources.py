@@ -7,8 +7,10 @@ is over. Which resources still need registering is kept in ``pending``; the regi
 (:mod:`gpunode.device_plugin.registrar`) works through it when ``kick`` is set.
 
 Faults leave no stale state. A GPU that is lost (fallen off the bus) keeps the devices last read of it,
-advertised Unhealthy, instead of failing the rebuild of the others; a GPU lost before it was ever read is
-remembered (``unread``) and read once it answers. What the health probe watches (``gpus``) is replaced
+advertised Unhealthy, instead of failing the rebuild of the others; the GPUs a rebuild could not read
+(``stale``: lost since the last read, or before they were ever read) are read again once they answer,
+so a layout changed just before its GPU was lost is not left behind. What the health probe watches
+(``gpus``) is replaced
 only by a rebuild that succeeded. A rebuild that fails (an NVML error) is retried with backoff until one
 succeeds, and a MIG layout change is re-advertised only once the layout has been quiet for a moment: a
 half-applied layout is not published.
@@ -98,7 +100,7 @@ class Resources:
         self.nvml: Nvml | None = None
         self.gpus: list[GpuInfo] = []  # as the last successful rebuild read them; the health probe's
         self.migs: dict[int, list[MigDevice]] = {}  # MIG devices per GPU index, as last read
-        self.unread: frozenset[int] = frozenset()  # GPUs lost before they were ever read
+        self.stale: frozenset[int] = frozenset()  # GPUs the last rebuild could not read (lost)
         self.servers: dict[str, ResourceServer] = {}
         self.pending: set[str] = set()  # resources the kubelet has not been told of (yet, or again)
         self.kick = asyncio.Event()  # the registrar has something to do
@@ -170,7 +172,7 @@ class Resources:
                 return str(exc)
             topology = await self._topology()
             # every NVML read succeeded: from here on the node as read replaces what was known
-            self.gpus, self.migs, self.unread = built.gpus, built.migs, built.unread
+            self.gpus, self.migs, self.stale = built.gpus, built.migs, built.lost | built.unread
             if built.lost or built.unread:
                 self.log.warning(
                     "gpus_lost",

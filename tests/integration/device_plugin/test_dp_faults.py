@@ -147,3 +147,21 @@ async def test_a_layout_being_applied_is_advertised_only_once_complete(
     after = kubelet_view(kubelet)
     for name, views in seen.items():  # each resource went from the old list straight to the new one
         assert views <= {frozenset(before.get(name, ())), frozenset(after.get(name, ()))}, name
+
+
+async def test_a_layout_changed_just_before_its_gpu_was_lost_is_read_once_it_is_back(
+    start_plugin: Starter, kubelet: FakeKubelet
+) -> None:
+    r = await start_plugin(overrides=MIXED, prepare=all_balanced, wait="nvidia.com/mig-3g.20gb")
+    with r.mutate() as st:  # GPU 3 loses its 3g instance and, before the plugin reads it, falls off
+        gi = next(g for g in st.gpus[3].gis if g.size == 4)
+        assert st.destroy_ci(3, gi.id, gi.cis[0].id) == 0
+        assert st.destroy_gi(3, gi.id) == 0
+        st.lose(3)
+    await r.probe_passes(2)
+    await asyncio.sleep(1.5)  # the MIG events' rebuild (settle 0.75 s) has run: GPU 3 as last read
+    assert len(kubelet_view(kubelet)["nvidia.com/mig-3g.20gb"]) == 8
+    with r.mutate() as st:
+        st.restore(3)
+    await matches(kubelet, r.state, timeout=5)  # read again once it answers: seven 3g instances
+    assert len(kubelet_view(kubelet)["nvidia.com/mig-3g.20gb"]) == 7
