@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpunode.common.cmdargs import release_problem
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.settings import CommonSettings
@@ -170,11 +171,20 @@ def loader_config(
     which = driver or DriverSettings()
     how = load or LoadSettings()
     params_dir = Path(which.module_params_dir or DEFAULT_PARAMS_DIR)
+    kernel = which.kernel_version or detect_kernel(paths)
+    driver_version = which.driver_version or detect_driver_version(paths)
+    # both reach argv (modprobe -S, depmod, dkms) and paths (lib/modules/<kernel>): one plain token each
+    problem = release_problem(kernel, "a kernel release")
+    if problem is not None:
+        raise UsageError(f"--kernel-version/KERNEL_VERSION (else the host's uname -r): {problem}")
+    problem = release_problem(driver_version, "a driver version") if driver_version else None
+    if problem is not None:
+        raise UsageError(f"--driver-version/DRIVER_VERSION (else from the driver root): {problem}")
     return LoaderConfig(
         paths=paths,
-        kernel=which.kernel_version or detect_kernel(paths),
+        kernel=kernel,
         module_type=parse_module_type(which.kernel_module_type),  # one of MODULE_TYPES (the flag's choices)
-        driver_version=which.driver_version or detect_driver_version(paths),
+        driver_version=driver_version,
         params_dir=params_dir,
         params=read_params_dir(params_dir) if driver is not None else (),
         rdma=which.gpu_direct_rdma,

@@ -2,7 +2,8 @@
 
 :class:`HostOps` is what the loader needs from the machine. :class:`RealHostOps` runs the real tools
 (``modprobe``, ``rmmod``, ``depmod``, ``nvidia-installer``, ``dkms``, ``nvidia-persistenced``) through
-asyncio subprocesses with an argv list, never a shell, and creates device nodes with ``os.mknod``;
+asyncio subprocesses with an argv list, never a shell, keeping only the last 64 KiB of each output
+stream (a build log of gigabytes costs no more), and creates device nodes with ``os.mknod``;
 tests use it too, pointed at fake executables with ``bin_dir`` and given a recording ``mknod``.
 
 Tool lookup, first match wins: an explicit path (``--modprobe`` ...); with ``--bin-dir`` only that
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gpunode.common.bounds import TAIL_BYTES, Tail, clip, clip_tail, communicate
 from gpunode.common.hostpaths import HostPaths
 from gpunode.driver_loader.modules import UNLOAD_ORDER, expected_refs
 from gpunode.driver_loader.ops import DriverUser
@@ -50,6 +52,7 @@ _BIN_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin", "usr/local/s
 _SBIN_DIRS = ("usr/sbin", "sbin", "usr/bin", "bin", "usr/local/sbin", "usr/local/bin")
 
 Mknod = Callable[[str, int, int], None]
+_SAID_CHARS = 2000  # of a tool's output in an error message (its end: where it says why it failed)
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,8 @@ class CommandResult:
     def describe(self) -> str:
         """``modprobe nvidia exited 1: <stderr>`` (the tool's own words, for errors and status)."""
         name = " ".join([Path(self.argv[0]).name, *self.argv[1:]]) if self.argv else "?"
-        said = (self.stderr.strip() or self.stdout.strip()).replace("\n", " | ")
-        return f"`{name}` exited {self.returncode}" + (f": {said}" if said else "")
+        said = clip_tail((self.stderr.strip() or self.stdout.strip()).replace("\n", " | "), _SAID_CHARS)
+        return f"`{clip(name, 1000)}` exited {self.returncode}" + (f": {said}" if said else "")
 
 
 class HostOps(Protocol):
@@ -162,7 +165,7 @@ class RealHostOps:
         except OSError as exc:
             return CommandResult(args, 127, "", f"cannot run {args[0]}: {exc.strerror or exc}")
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            out, err = await asyncio.wait_for(communicate(proc), timeout)
         except TimeoutError:
             _kill_group(proc.pid)
             await proc.wait()
@@ -170,9 +173,7 @@ class RealHostOps:
         except asyncio.CancelledError:
             _kill_group(proc.pid)
             raise
-        return CommandResult(
-            args, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-        )
+        return CommandResult(args, proc.returncode or 0, out.text(), err.text())
 
     async def start_daemon(self, argv: Sequence[str], *, timeout: float = 60.0) -> CommandResult:
         # stderr goes to a file, not a pipe: the daemon keeps its inherited descriptors open, and a pipe
@@ -197,8 +198,12 @@ class RealHostOps:
                     proc.kill()
                 await proc.wait()
                 return CommandResult(args, -9, "", f"did not detach within {timeout:g}s and was killed")
-            err.seek(0)
-            return CommandResult(args, code, "", err.read().decode(errors="replace"))
+            size = err.seek(0, os.SEEK_END)
+            err.seek(max(0, size - TAIL_BYTES))  # only the tail: the rest is counted
+            tail = Tail()
+            tail.total = max(0, size - TAIL_BYTES)
+            tail.feed(err.read(TAIL_BYTES))
+            return CommandResult(args, code, "", tail.text())
 
     # ------------------------------------------------------------------------------ nodes
 

@@ -48,6 +48,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from gpunode.api.readiness import CTR_READY, DRIVER_READY
+from gpunode.common.bounds import read_head
 from gpunode.common.logging import Logger, get_logger
 from gpunode.driver_loader import devnodes, kmod, observe
 from gpunode.driver_loader.config import LoaderConfig
@@ -62,7 +63,7 @@ from gpunode.driver_loader.modules import (
     wants_coherent_param,
 )
 from gpunode.driver_loader.ops import DriverInUse, DriverUser
-from gpunode.driver_loader.readiness import Files, InstanceLock, LoaderBusy, StatusBook
+from gpunode.driver_loader.readiness import Files, InstanceLock, LoaderBusy, LockFileRefused, StatusBook
 from gpunode.driver_loader.steps import LoaderError, StepOutcome, skip_rest, step
 
 __all__ = ["INIT_STEPS", "UNLOAD_STEPS", "DriverLoader"]
@@ -169,7 +170,7 @@ class DriverLoader:
         if self._lock_depth == 0:
             try:
                 self.lock.acquire()
-            except LoaderBusy as exc:
+            except (LoaderBusy, LockFileRefused) as exc:  # refused: a planted link, nothing written
                 raise LoaderError(str(exc)) from None
         self._lock_depth += 1
         try:
@@ -369,14 +370,18 @@ class DriverLoader:
         path = self.paths.sys_module("firmware_class") / "parameters" / "path"
         wanted = str(Path(self.cfg.driver_root) / "lib" / "firmware")
         try:
-            current = path.read_text().strip()
+            current = read_head(path, 4096).decode(errors="replace").strip()
         except OSError:
             return ""
         if current and current != wanted:
             self.log.warning("firmware_path_kept", path=str(path), current=current, wanted=wanted)
             return f"firmware path kept at {current}"
-        if not current:
-            path.write_text(wanted)
+        if not current:  # a sysfs parameter: written in place, never created nor followed if a symlink
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, wanted.encode())
+            finally:
+                os.close(fd)
         return f"firmware path {wanted}"
 
     def modprobe_argv(self, module: str) -> list[str]:

@@ -20,9 +20,11 @@ All under the host root, written atomically (temporary file in the same director
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -33,12 +35,14 @@ from typing import Any, Literal
 
 from gpunode.api.readiness import CTR_READY, DAEMONS_STATUS, DRIVER_READY, ctr_ready_text, driver_ready_text
 from gpunode.common.atomic import atomic_write
+from gpunode.common.bounds import read_head
 from gpunode.common.hostpaths import HostPaths
 
 __all__ = [
     "Files",
     "InstanceLock",
     "LoaderBusy",
+    "LockFileRefused",
     "StatusBook",
     "Step",
     "iso",
@@ -90,7 +94,7 @@ class Files:
 
     def recorded_digest(self) -> str | None:
         try:
-            return self.state.read_text().strip() or None
+            return read_head(self.state, 4096).decode(errors="replace").strip() or None
         except OSError:
             return None
 
@@ -103,7 +107,7 @@ class Files:
 
     def persistenced_pid_value(self) -> int | None:
         try:
-            return int(self.persistenced_pid.read_text().split()[0])
+            return int(read_head(self.persistenced_pid, 64).split()[0])
         except (OSError, ValueError, IndexError):
             return None
 
@@ -113,6 +117,23 @@ class Files:
 
 class LoaderBusy(Exception):
     """Another loader (or NVIDIA's driver container) holds the single-instance lock."""
+
+
+class LockFileRefused(Exception):
+    """The lock file is a symlink, a hard link or not a regular file: nothing was written through it."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(
+            f"{path} {why}; refusing to open it as root (remove it: the loader creates a plain file)"
+        )
+        self.path = path
+
+
+def _link_target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 class InstanceLock:
@@ -127,10 +148,31 @@ class InstanceLock:
         return self.fd is not None
 
     def acquire(self) -> None:
+        """Take the lock; :class:`LoaderBusy` when another loader holds it, ``OSError`` when the file
+        cannot be opened. The file is opened without following a symlink (``O_NOFOLLOW``) and must be a
+        regular file with one link: a planted link or hard link is refused (``LockFileRefused``) and what
+        it points at is left untouched, since the lock file is truncated and written as root."""
         if self.fd is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+                raise LockFileRefused(self.path, f"is a symlink (to {_link_target(self.path)})") from None
+            raise
+        st = os.fstat(fd)
+        why = (
+            "is not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else f"has {st.st_nlink} hard links"
+            if st.st_nlink != 1
+            else ""
+        )
+        if why:
+            os.close(fd)
+            raise LockFileRefused(self.path, why)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -16,6 +16,7 @@ from gpunode.driver_loader.readiness import (
     Files,
     InstanceLock,
     LoaderBusy,
+    LockFileRefused,
     StatusBook,
     read_status,
     render_status,
@@ -105,6 +106,27 @@ def test_instance_lock_is_exclusive(tmp_path: Path) -> None:
     first.release()
     second.acquire()
     second.release()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "dangling", "hardlink", "fifo"])
+def test_instance_lock_refuses_a_planted_file(tmp_path: Path, planted: str) -> None:
+    lock = tmp_path / "run/nvidia-driver.pid"
+    lock.parent.mkdir(parents=True)
+    victim = tmp_path / "shadow"
+    victim.write_text("root:secret\n")
+    if planted == "symlink":
+        lock.symlink_to(victim)
+    elif planted == "dangling":
+        lock.symlink_to(tmp_path / "created-as-root")
+    elif planted == "hardlink":
+        os.link(victim, lock)
+    else:
+        os.mkfifo(lock)
+    with pytest.raises(LockFileRefused, match="refusing to open it as root") as info:
+        InstanceLock(lock).acquire()
+    assert str(lock) in str(info.value)
+    assert victim.read_text() == "root:secret\n"  # neither truncated nor written
+    assert not (tmp_path / "created-as-root").exists()
 
 
 # ------------------------------------------------------------------------------------ kmod state
@@ -211,6 +233,22 @@ async def test_run_captures_output_and_never_uses_a_shell(tmp_path: Path) -> Non
     assert timed_out.returncode == -9
     assert "timed out" in timed_out.stderr
     assert time.monotonic() - started < 10
+
+
+async def test_run_keeps_a_bounded_tail_of_a_chatty_tool(tmp_path: Path) -> None:
+    ops = kmod.RealHostOps(HostPaths(root=tmp_path))
+    script = _exe(
+        tmp_path / "chatty",
+        "#!/bin/sh\nyes building | head -c 20000000 >&2\necho 'error: no headers' >&2\nexit 1\n",
+    )
+    result = await ops.run([str(script)])
+    assert result.returncode == 1
+    assert len(result.stderr) < 70_000
+    assert result.stderr.startswith("[")  # how much was left out
+    assert "earlier bytes left out" in result.stderr
+    said = result.describe()
+    assert said.endswith("error: no headers")
+    assert len(said) < 2200
 
 
 def test_marker_mknod_and_node_matches(tmp_path: Path) -> None:
