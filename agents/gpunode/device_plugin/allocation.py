@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gpunode.common.bounds import clip_list
 from gpunode.device_plugin.devices import PluginDevice, Resource
 from gpunode.device_plugin.settings import PluginSettings
 from gpunode.nvml.api import TopoLevel, Topology
@@ -57,17 +58,16 @@ def validate_request(resource: Resource, ids: Sequence[str]) -> list[PluginDevic
     """The devices named by an Allocate request, in request order (a repeated ID counts once).
 
     Raises :class:`AllocationError` for IDs the resource does not advertise (sorted; the first ten are
-    named, then how many more), and, when the resource sets ``failRequestsGreaterThanOne``, for a
-    request of more than one replica.
+    named, each cut at 256 characters with a count of the rest, then how many more), and, when the
+    resource sets ``failRequestsGreaterThanOne``, for a request of more than one replica.
     """
     known = resource.by_id
     unknown = sorted({i for i in ids if i not in known})
     if unknown:
-        shown = ", ".join(unknown[:_SHOWN_UNKNOWN])
-        more = f" and {len(unknown) - _SHOWN_UNKNOWN} more" if len(unknown) > _SHOWN_UNKNOWN else ""
+        shown = clip_list(unknown, _SHOWN_UNKNOWN)  # each cut at 256 characters: an ID can be 4 MiB
         noun = "ID" if len(unknown) == 1 else "IDs"
         raise AllocationError(
-            f"invalid allocation request for {resource.name}: unknown device {noun} {shown}{more}"
+            f"invalid allocation request for {resource.name}: unknown device {noun} {shown}"
         )
     devices = [known[i] for i in dict.fromkeys(ids)]
     if (

@@ -15,6 +15,7 @@ import grpc
 from google.protobuf.message import Message
 
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from gpunode.common.bounds import clip, clip_list
 from gpunode.common.errors import UsageError
 from gpunode.common.logging import get_logger
 from gpunode.device_plugin.allocation import (
@@ -312,7 +313,12 @@ class _Servicer:
             try:
                 devices = validate_request(resource, list(req.devices_ids))
             except AllocationError as exc:
-                owner.log.warning("allocate_rejected", reason=str(exc), ids=list(req.devices_ids)[:10])
+                owner.log.warning(
+                    "allocate_rejected",
+                    reason=str(exc),
+                    ids=[clip(i) for i in req.devices_ids[:10]],  # each at most 256 characters
+                    id_count=len(req.devices_ids),
+                )
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             alloc = allocate_response(
                 devices,
@@ -333,8 +339,7 @@ class _Servicer:
 
 
 def _unknown_text(resource: Resource, unknown: list[str]) -> str:
-    shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
-    return f"unknown device IDs for {resource.name}: {shown}"
+    return f"unknown device IDs for {resource.name}: {clip_list(unknown, 10)}"  # an ID can be 4 MiB
 
 
 async def _abort(context: ServicerContext[Req, Resp], code: grpc.StatusCode, message: str) -> NoReturn:

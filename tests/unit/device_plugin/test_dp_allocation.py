@@ -128,6 +128,16 @@ def test_many_unknown_ids_show_ten_and_a_count() -> None:
     assert "unknown device IDs" in text
 
 
+def test_a_huge_unknown_id_is_cut_with_a_count() -> None:
+    huge = "GPU-" + "0" * (4 << 20)  # what fits in one 4 MiB gRPC message (sorted first)
+    with pytest.raises(AllocationError) as info:
+        validate_request(WHOLE8, [huge, *[f"GPU-{k}" + "y" * 1000 for k in range(30)]])
+    text = str(info.value)
+    assert len(text) < 11 * 300
+    assert f"... ({len(huge) - 256} more characters)" in text
+    assert text.endswith(" and 21 more")
+
+
 @pytest.mark.parametrize(
     ("res", "ids", "ok"),
     [
