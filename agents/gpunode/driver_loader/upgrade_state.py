@@ -99,12 +99,16 @@ class UpgradeRecord:
 
     @classmethod
     def from_json(cls, text: str) -> UpgradeRecord | None:
+        """The record, or None when the annotation is unreadable: anyone allowed to patch the node can
+        write it, so a huge or deeply nested value (RecursionError in the parser) is unreadable too."""
+        if len(text) > 16384:
+            return None
         try:
             data = json.loads(text)
             if not isinstance(data, dict) or not isinstance(data.get("cordoned"), bool):
                 return None
             return cls(data["cordoned"], str(data.get("started", "")), str(data.get("step", "")))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
 

@@ -53,6 +53,10 @@ DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 RECORD_ANNOTATION = "nvidia.com/gpunode.operands-paused"
 
 
+# Our record is a few hundred characters; anything far larger was not written by an agent.
+MAX_RECORD_CHARS = 16384
+
+
 @dataclass(frozen=True)
 class Operand:
     """One operand: the suffix of its ``gpu.deploy`` label and the labels of its pods (any of
@@ -136,7 +140,12 @@ class PauseRecord:
 
     @classmethod
     def from_json(cls, text: str) -> PauseRecord | None:
-        """The record, or None when the annotation is unreadable (it is then ignored and replaced)."""
+        """The record, or None when the annotation is unreadable (it is then ignored and replaced).
+
+        Anyone allowed to patch the node can write the annotation: a huge or deeply nested value (a
+        RecursionError in the parser) is unreadable too, never a crash."""
+        if len(text) > MAX_RECORD_CHARS:
+            return None
         try:
             data = json.loads(text)
             previous = data["previous"]
@@ -151,7 +160,7 @@ class PauseRecord:
                 since=str(data.get("since", "")),
                 lease_until=float(data.get("leaseUntil", 0.0)),
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return None
 
 

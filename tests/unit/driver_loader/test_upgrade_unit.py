@@ -55,6 +55,9 @@ def test_the_record_round_trips_and_garbage_is_none() -> None:
     assert record.to_json() == '{"cordoned":true,"started":"2025-01-01T00:00:00Z","step":"unload"}'
     for text in ("", "garbage", "[]", '{"cordoned":"yes"}', '{"step":"unload"}'):
         assert UpgradeRecord.from_json(text) is None
+    # anyone who may patch the node writes this annotation: deep nesting and huge values are unreadable
+    for hostile in ("[" * 5000 + "]" * 5000, '{"cordoned":true,"step":"' + "x" * 20000 + '"}'):
+        assert UpgradeRecord.from_json(hostile) is None
 
 
 # -- operands ------------------------------------------------------------------------------------------------

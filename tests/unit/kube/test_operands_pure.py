@@ -114,6 +114,20 @@ def test_record_round_trips_and_garbage_is_none() -> None:
         assert PauseRecord.from_json(bad) is None
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param("[" * 5000 + "]" * 5000, id="deep-nesting"),  # json.loads: RecursionError
+        pytest.param('{"owner":"' + "x" * 20000 + '"}', id="huge"),
+        pytest.param(
+            '{"owner":"x","reason":"y","previous":{},"leaseUntil":1' + "0" * 5000 + "}", id="huge-int"
+        ),
+    ],
+)
+def test_a_hostile_annotation_is_unreadable_not_a_crash(hostile: str) -> None:
+    assert PauseRecord.from_json(hostile) is None
+
+
 @dataclass(frozen=True)
 class Pod:
     key: str
