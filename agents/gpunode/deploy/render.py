@@ -227,9 +227,20 @@ def render_by_agent(
     return result
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Safe YAML without anchors and aliases: an object shared between containers (their mounts, say) is
+    written out each time, as people and tools reading manifests expect (gpunode's own loader refuses
+    aliases)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def dump_yaml(objs: Iterable[Obj]) -> str:
-    """Deterministic multi-document YAML (keys sorted, block style)."""
-    docs = [yaml.safe_dump(o, sort_keys=True, default_flow_style=False, width=1000) for o in objs]
+    """Deterministic multi-document YAML (keys sorted, block style, no anchors or aliases)."""
+    docs = [
+        yaml.dump(o, Dumper=_PlainDumper, sort_keys=True, default_flow_style=False, width=1000) for o in objs
+    ]
     return "---\n" + "---\n".join(docs) if docs else ""
 
 

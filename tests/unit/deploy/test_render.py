@@ -82,6 +82,17 @@ def test_output_is_deterministic() -> None:
     assert dump_yaml(_rendered("default")) == dump_yaml(_rendered("default"))
 
 
+@pytest.mark.parametrize("name", SEEDS)
+def test_output_has_no_anchors_or_aliases(name: str) -> None:
+    """Shared objects (two containers' mounts) are written out twice: gpunode's own YAML loader, and some
+    tools, refuse aliases."""
+    text = dump_yaml(_rendered(name))
+    events = list(yaml.parse(text))
+    assert not [e for e in events if isinstance(e, yaml.AliasEvent)]
+    assert not [e for e in events if getattr(e, "anchor", None)]
+    assert list(yaml.safe_load_all(text)) == _rendered(name)
+
+
 def _validate_service_monitor(obj: dict[str, Any]) -> None:
     # A CRD: not in the bundled Kubernetes schemas; check the fields we use by hand.
     assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
