@@ -7,16 +7,24 @@ field must be one the catalog knows; the type is ``gauge``, ``counter`` or ``lab
 only for string fields (it copies the value onto every series as a label). dcgm-exporter's own
 synthesised ``DCGM_EXP_*`` metrics are not supported. A field may appear once.
 
+A hostile file costs little: it is read line by line (a line over 64 KiB is one problem, its rest
+skipped unread into memory), at most 20 problems are kept and listed (then ``... and N more
+problems``), and each is cut at 500 characters.
+
 Without a file, the packaged ``default-counters.csv`` is used: exactly dcgm-exporter's default set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import io
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TextIO
 
+from gpunode.common.bounds import clip
+from gpunode.common.errors import MAX_PROBLEM_CHARS, MAX_PROBLEMS
 from gpunode.exporter.catalog import KINDS, Kind, MetricSpec, by_name
 
 DEFAULT_COUNTERS = "default-counters.csv"
@@ -28,20 +36,29 @@ class CountersError(Exception):
     """A counters file that cannot be used; names the file, the line and the reason for every problem.
 
     ``str()`` gives one ``file:line: reason`` per problem; ``line`` and ``reason`` are the first one's
-    (``line`` is None for a problem with the file as a whole).
+    (``line`` is None for a problem with the file as a whole). At most :data:`MAX_PROBLEMS` are kept in
+    ``problems`` (each reason cut at :data:`MAX_PROBLEM_CHARS` characters); ``count`` is how many were
+    found (default: as many as given), and ``str()`` ends with ``... and N more problems`` for the rest.
     """
 
-    def __init__(self, source: str, problems: Sequence[tuple[int | None, str]]) -> None:
+    def __init__(
+        self, source: str, problems: Sequence[tuple[int | None, str]], count: int | None = None
+    ) -> None:
         self.source = source
-        self.problems: tuple[tuple[int | None, str], ...] = tuple(problems) or ((None, "invalid counters"),)
+        kept = [(line, clip(reason, MAX_PROBLEM_CHARS)) for line, reason in problems[:MAX_PROBLEMS]]
+        self.problems: tuple[tuple[int | None, str], ...] = tuple(kept) or ((None, "invalid counters"),)
+        self.count = max(count or 0, len(problems), len(self.problems))
         self.line, self.reason = self.problems[0]
         super().__init__(source, self.problems)
 
     def __str__(self) -> str:
-        return "\n".join(
+        lines = [
             f"{self.source}: {reason}" if line is None else f"{self.source}:{line}: {reason}"
             for line, reason in self.problems
-        )
+        ]
+        if self.count > len(self.problems):
+            lines.append(f"{self.source}: ... and {self.count - len(self.problems)} more problems")
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -73,17 +90,38 @@ def _parse_line(text: str) -> tuple[str, str, str] | str:
     return name, kind, help_
 
 
-def _lines(text: str) -> list[str]:
-    """Physical lines, numbered as an editor does: only LF, CRLF and CR end a line."""
-    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+MAX_LINE_CHARS = 64 * 1024  # a longer line is a problem; its rest is read in pieces and dropped
+
+
+def _lines(stream: TextIO) -> Iterator[str | None]:
+    """Physical lines of a text stream opened with universal newlines (so only LF, CRLF and CR end a
+    line, numbered as an editor does), a leading BOM dropped; None for a line over
+    :data:`MAX_LINE_CHARS`, whose rest is skipped without being held."""
+    first = True
+    while line := stream.readline(MAX_LINE_CHARS):
+        if first:
+            line, first = line.removeprefix("\ufeff"), False
+        if len(line) >= MAX_LINE_CHARS and not line.endswith("\n"):
+            while (rest := stream.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                pass
+            yield None
+            continue
+        yield line.removesuffix("\n")
 
 
 def parse_counters(text: str, source: str) -> list[Counter]:
     """The enabled metrics of a counters file's text; `source` names the file in error messages."""
+    return _parse(io.StringIO(text, newline=None), source)
+
+
+def _parse(stream: TextIO, source: str) -> list[Counter]:
     counters: list[Counter] = []
-    problems: list[tuple[int | None, str]] = []
+    problems = _Problems()
     seen: dict[int, Counter] = {}  # field id -> first line enabling it (aliases share an id)
-    for number, raw in enumerate(_lines(text), start=1):
+    for number, raw in enumerate(_lines(stream), start=1):
+        if raw is None:
+            problems.append((number, f"longer than {MAX_LINE_CHARS} characters"))
+            continue
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue
@@ -124,11 +162,24 @@ def parse_counters(text: str, source: str) -> list[Counter]:
         counter = Counter(spec=spec, kind=kind_, help=help_ or spec.help, line=number)
         seen[spec.field_id] = counter
         counters.append(counter)
-    if problems:
-        raise CountersError(source, problems)
+    if problems.count:
+        raise CountersError(source, problems.kept, problems.count)
     if not counters:
         raise CountersError(source, [(None, "no metrics enabled (every line is blank or a comment)")])
     return counters
+
+
+class _Problems:
+    """The first :data:`MAX_PROBLEMS` problems, and how many there were."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[int | None, str]] = []
+        self.count = 0
+
+    def append(self, problem: tuple[int | None, str]) -> None:
+        self.count += 1
+        if len(self.kept) < MAX_PROBLEMS:
+            self.kept.append(problem)
 
 
 def default_counters_text() -> str:
@@ -141,12 +192,12 @@ def load_counters(path: Path | None = None) -> list[Counter]:
     if path is None:
         return parse_counters(default_counters_text(), DEFAULT_COUNTERS)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8", newline=None) as stream:  # read as parsed: memory stays small
+            return _parse(stream, str(path))
     except UnicodeDecodeError:
         raise CountersError(str(path), [(None, "not UTF-8 text")]) from None
     except OSError as exc:
         raise CountersError(str(path), [(None, f"cannot read: {exc.strerror or exc}")]) from None
-    return parse_counters(text, str(path))
 
 
 def unavailable(counters: Iterable[Counter]) -> list[str]:

@@ -354,3 +354,31 @@ def test_unreadable_file(tmp_path: Path, case: str) -> None:
         load_counters(path)
     assert info.value.line is None
     assert str(info.value).startswith(f"{path}: ")
+
+
+def test_many_problems_list_twenty_then_a_count(tmp_path: Path) -> None:
+    path = tmp_path / "counters.csv"
+    with path.open("w") as out:
+        for k in range(100_000):
+            out.write(f"DCGM_FI_BAD_{k}, gauge, x\n")
+    with pytest.raises(CountersError) as info:
+        load_counters(path)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 21
+    assert lines[0] == f"{path}:1: unknown field DCGM_FI_BAD_0"
+    assert lines[-1] == f"{path}: ... and 99980 more problems"
+    assert info.value.count == 100_000
+    assert len(info.value.problems) == 20
+
+
+def test_a_huge_line_is_one_short_problem(tmp_path: Path) -> None:
+    path = tmp_path / "counters.csv"
+    path.write_text(
+        "DCGM_FI_DEV_GPU_UTIL, gauge, ok\n" + "X" * 5_000_000 + "\nDCGM_FI_" + "Y" * 30_000 + ", gauge, x\n"
+    )
+    with pytest.raises(CountersError) as info:
+        load_counters(path)
+    assert [line for line, _ in info.value.problems] == [2, 3]
+    assert info.value.problems[0][1] == "longer than 65536 characters"
+    assert info.value.problems[1][1].endswith("... (29522 more characters)")
+    assert len(str(info.value)) < 1200  # the 30 KB field name is cut at 500 characters
