@@ -11,7 +11,11 @@ What ``gpunode-toolkit runtime configure`` does, as importable pieces:
   CRI plugin. Files are edited with tomlkit, so comments and formatting outside the changed keys stay
   byte for byte.
 * **Plan** (reads files): :func:`plan_configure` / :func:`plan_revert` compare old and new bytes and
-  return a :class:`Plan`; an empty plan means converged and nothing is touched.
+  return a :class:`Plan`; an empty plan means converged and nothing is touched. A config (or drop-in)
+  reached through symlinks is edited at its target, resolved as the host would resolve it (absolute
+  link targets taken under the host root), and a note says so; a link that climbs out of the host
+  root, loops, or ends at something other than a regular file is refused with a config error naming
+  the link and its target. The link itself is never replaced by a regular file.
 * **Apply**: :func:`apply_plan` writes atomically (mode preserved), records what it did in a state
   JSON next to the runtime's main config (``<config>.gpunode-state.json``: which files were created,
   the original bytes of files it modified, the hash of what it wrote) and undoes its own writes when a
@@ -59,6 +63,7 @@ import os
 import posixpath
 import signal
 import socket
+import stat
 import struct
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -72,6 +77,8 @@ from tomlkit.container import Container
 from tomlkit.items import AoT, Item, Key, Table
 
 from gpunode.common.atomic import atomic_write, atomic_write_json, fsync_dir
+from gpunode.common.bounds import clip_tail, read_head, run_tail
+from gpunode.common.cmdargs import unit_name_problem
 from gpunode.common.errors import ConfigError
 
 __all__ = [
@@ -103,6 +110,7 @@ __all__ = [
     "read_file",
     "render_containerd",
     "render_crio",
+    "resolve_config_path",
     "restart_runtime",
 ]
 
@@ -707,6 +715,74 @@ def local_path(host_root: str | os.PathLike[str], host_path: str) -> Path:
     return Path(root).joinpath(*parts[1:])
 
 
+_MAX_LINKS = 40  # as the kernel's path walk
+
+
+def _link_refused(link: Path, target: str, why: str) -> ConfigError:
+    return ConfigError(
+        str(link),
+        [
+            f"is a symlink to {target}, which {why}; refusing to edit through it (point the link at a "
+            f"regular file under the host root, or replace the link with the file)"
+        ],
+    )
+
+
+def resolve_config_path(host_root: str | os.PathLike[str], host_path: str) -> tuple[Path, str | None]:
+    """Where a config file really is: ``(local path, note)``. Symlinks in ``host_path`` (the file or a
+    directory above it) are followed the way the host would follow them, with the host root as ``/``
+    (an absolute target is a host path); the note says which link led where, None when no link was
+    followed. :class:`ConfigError` naming the link and its target when the walk climbs above the host
+    root, meets more than 40 links, or ends at an existing non-regular file. Components that do not
+    exist yet are kept as written (the write creates them)."""
+    literal = local_path(host_root, host_path)
+    root = os.path.abspath(os.fspath(host_root) or "/")
+    pending = [p for p in host_path.split("/") if p][::-1]  # a stack: the next component last
+    done: list[str] = []
+    hops = 0
+    first_link: tuple[Path, str] | None = None
+    while pending:
+        part = pending.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            elif first_link is not None:  # a link's target climbs out of the host root
+                raise _link_refused(*first_link, "climbs above the host root")
+            continue  # '/..' written in the path itself (no --host-root) is '/', as for the kernel
+        local = os.path.join(root, *done, part)
+        try:
+            is_link = stat.S_ISLNK(os.lstat(local).st_mode)
+        except OSError:  # absent (or under a non-directory): kept as written; the write says why
+            is_link = False
+        if not is_link:
+            done.append(part)
+            continue
+        hops += 1
+        target = os.readlink(local)
+        if first_link is None:
+            first_link = (Path(local), target)
+        if hops > _MAX_LINKS:
+            raise _link_refused(*first_link, f"goes through more than {_MAX_LINKS} links")
+        if target.startswith("/"):
+            done = []
+        pending.extend([p for p in target.split("/") if p][::-1])
+    resolved = Path(root).joinpath(*done)
+    if first_link is None:
+        return literal, None
+    try:
+        st = os.stat(resolved)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise _link_refused(*first_link, f"resolves to {resolved}, not a regular file")
+    if resolved == literal:
+        return literal, None
+    link, target = first_link
+    return resolved, f"{literal} is reached through a symlink ({link} -> {target}): editing {resolved}"
+
+
 def read_file(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -767,7 +843,8 @@ def plan_configure(opts: ConfigureOptions, *, host_root: str = "/", state_file: 
     """Read the runtime's files and plan the writes that make them match ``opts``."""
     if opts.runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {opts.runtime!r}; the choices are: {', '.join(RUNTIMES)}")
-    config_local = local_path(host_root, opts.config)
+    config_local, config_note = resolve_config_path(host_root, opts.config)
+    link_notes = [config_note] if config_note else []
     main_before = read_file(config_local)
     main_text = decode_text(main_before, str(config_local))
     if opts.runtime == CONTAINERD:
@@ -778,7 +855,8 @@ def plan_configure(opts: ConfigureOptions, *, host_root: str = "/", state_file: 
     targets: list[tuple[Path, bytes | None, str | None]] = [(config_local, main_before, rendered.main)]
     if rendered.drop_in is not None:
         assert opts.drop_in
-        drop_local = local_path(host_root, opts.drop_in)
+        drop_local, drop_note = resolve_config_path(host_root, opts.drop_in)
+        link_notes += [drop_note] if drop_note else []
         targets.append((drop_local, read_file(drop_local), rendered.drop_in))
     changes = tuple(
         FileChange(path, before, after.encode("utf-8"), _mode(path))
@@ -786,8 +864,9 @@ def plan_configure(opts: ConfigureOptions, *, host_root: str = "/", state_file: 
         if after is not None and after.encode("utf-8") != before
     )
     state_local = local_path(host_root, state_file or default_state_file(opts.config))
+    notes = (*link_notes, *rendered.notes)
     if not changes:
-        return Plan((), state_local, load_state(state_local), notes=rendered.notes)
+        return Plan((), state_local, load_state(state_local), notes=notes)
 
     state = load_state(state_local) or {
         "version": _STATE_VERSION,
@@ -820,7 +899,7 @@ def plan_configure(opts: ConfigureOptions, *, host_root: str = "/", state_file: 
                 "mode": change.mode,
             }
         files[key]["written_sha256"] = _sha(change.after)
-    return Plan(changes, state_local, state, tuple(make_dirs), notes=rendered.notes)
+    return Plan(changes, state_local, state, tuple(make_dirs), notes=notes)
 
 
 def plan_revert(state_file: Path, *, force: bool = False) -> Plan:
@@ -947,7 +1026,7 @@ def find_runtime_pid(
     if pid_file:
         local = local_path(host_root, pid_file)
         try:
-            return int(local.read_text().strip()), f"pid file {local}"
+            return int(read_head(local, 64).strip()), f"pid file {local}"  # bounded: a link to /dev/zero
         except (OSError, ValueError) as exc:
             raise RestartError(f"cannot read a pid from {local}: {exc}") from None
     if socket_path:
@@ -996,6 +1075,9 @@ def restart_runtime(
             raise RestartError(f"cannot signal {runtime} pid {pid} (from {how}): {exc.strerror}") from None
         return f"sent SIGHUP to {runtime} pid {pid} (from {how})"
     if mode == "systemd":
+        problem = unit_name_problem(unit or runtime)
+        if problem is not None:  # an argument for systemctl, never an option
+            raise RestartError(f"not restarting {runtime}: {problem}")
         if systemctl:
             argv = [systemctl]
         elif host_root not in ("", "/"):
@@ -1004,11 +1086,12 @@ def restart_runtime(
             argv = ["systemctl"]
         argv += ["restart", unit or runtime]
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+            done = run_tail(argv, timeout=timeout)  # only the output's tail is kept
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise RestartError(f"{' '.join(argv)} failed: {exc}") from None
         if done.returncode != 0:
-            detail = (done.stderr or done.stdout).strip()
+            said = done.stderr if done.stderr.total else done.stdout
+            detail = clip_tail(said.text().strip())
             raise RestartError(f"{' '.join(argv)} exited {done.returncode}: {detail}")
         return f"ran {' '.join(argv)}"
     raise ValueError(f"unknown restart mode {mode!r}; the choices are: {', '.join(RESTART_MODES)}")

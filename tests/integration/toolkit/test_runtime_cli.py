@@ -540,3 +540,95 @@ def test_status_ignores_drop_in_not_imported(tmp_path: Path, capsys: pytest.Capt
     code, out, _ = node.run(capsys, "status")
     assert code == 1
     assert f"{node.drop_in}: not imported by {node.config}" in out
+
+
+# ------------------------------------------------------------------------------ symlinked configs
+
+
+def _host_configure(host: Path, *extra: str) -> list[str]:
+    return [
+        "configure",
+        "--runtime=containerd",
+        f"--host-root={host}",
+        "--config=/etc/containerd/config.toml",
+        "--drop-in-config=",
+        "--restart-mode=none",
+        *extra,
+    ]
+
+
+def test_symlinked_config_is_edited_at_its_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node = Node(tmp_path, "containerd", None)
+    real = tmp_path / "etc/containerd/real/config.toml"
+    real.parent.mkdir()
+    real.write_text(CTD_V2)
+    node.config.symlink_to("real/config.toml")
+    code, out, _ = node.run(capsys, "configure")
+    assert code == 0
+    assert f"note: {node.config} is reached through a symlink ({node.config} -> real/config.toml)" in out
+    assert f"updated {real}" in out
+    assert node.config.is_symlink()  # never replaced by a regular file
+    assert os.readlink(node.config) == "real/config.toml"
+    assert f"{node.drop_in.parent}/*.toml" in real.read_text()  # imports the drop-in
+    assert node.run(capsys, "configure", "--revert")[0] == 0
+    assert real.read_text() == CTD_V2
+    assert node.config.is_symlink()
+
+
+def test_an_absolute_link_is_resolved_under_the_host_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    (host / "opt/ctd").mkdir(parents=True)
+    (host / "opt/ctd/config.toml").write_text(CTD_V1)
+    link = host / "etc/containerd/config.toml"
+    link.symlink_to("/opt/ctd/config.toml")  # the host's /opt, not ours
+    assert runtime_cli.main(_host_configure(host), {}) == 0
+    out = capsys.readouterr().out
+    assert f"editing {host / 'opt/ctd/config.toml'}" in out
+    assert "runtimes.nvidia" in (host / "opt/ctd/config.toml").read_text()
+    assert link.is_symlink()
+
+
+@pytest.mark.parametrize("case", ["escapes", "directory", "device", "loop"])
+def test_a_link_out_of_the_host_root_or_to_a_non_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    host = tmp_path / "host"
+    (host / "etc/containerd").mkdir(parents=True)
+    outside = tmp_path / "outside.toml"
+    outside.write_text(CTD_V2)
+    link = host / "etc/containerd/config.toml"
+    target = {
+        "escapes": "../../../outside.toml",
+        "directory": "/etc",
+        "device": "/dev/null",
+        "loop": "config.toml",
+    }[case]
+    if case == "device":
+        (host / "dev").mkdir()
+        os.symlink("/dev/null", host / "dev/null")  # the host's /dev/null: a link again, to ours
+    link.symlink_to(target)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert runtime_cli.main(_host_configure(host), {}) == 2
+    err = capsys.readouterr().err
+    assert f"{link}: is a symlink to {target}" in err
+    assert "refusing to edit through it" in err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing created, nothing replaced
+    assert os.readlink(link) == target
+    assert outside.read_text() == CTD_V2
+
+
+def test_systemd_unit_must_be_a_unit_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node = Node(tmp_path / "host", "containerd", CTD_V2)
+    calls = tmp_path / "calls"
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    systemctl.chmod(0o755)
+    argv = configure_argv(
+        node, "--restart-mode=systemd", f"--systemctl={systemctl}", "--systemd-unit=--host=evil"
+    )
+    assert runtime_cli.main(argv, {}) == 1
+    assert "starts with '-'" in capsys.readouterr().err
+    assert not calls.exists()
