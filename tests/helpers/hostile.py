@@ -56,10 +56,10 @@ def non_utf8() -> bytes:
 
 
 def kubeconfig_syntax_error() -> bytes:
-    """A kubeconfig whose YAML error sits right next to its bearer token."""
+    """A kubeconfig whose YAML error is on its bearer token's line (PyYAML's message quotes that line)."""
     return (
         "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n"
-        f"users:\n- name: u\n  user:\n    token: {TOKEN}\n    : oops\n"
+        f"users:\n- name: u\n  user:\n    token: {TOKEN}: oops\n"
     ).encode()
 
 

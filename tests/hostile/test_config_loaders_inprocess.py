@@ -94,7 +94,7 @@ def test_kubeconfig_error_names_position_and_kind_only(tmp_path: Path) -> None:
     path.write_bytes(kubeconfig_syntax_error())
     with pytest.raises(UsageError) as err:
         load_kubeconfig(str(path))
-    assert str(err.value) == f"kubeconfig {path} is not usable: YAML syntax error at line 10, column 5"
+    assert str(err.value) == f"kubeconfig {path} is not usable: YAML syntax error at line 9, column 42"
     assert TOKEN not in str(err.value)
 
 
