@@ -28,7 +28,9 @@ from gpunode.common.httpcore import (
 
 __all__ = ["AsyncEndpoint"]
 
-BACKLOG = 128  # listen backlog: a burst of scrapers does not wait for SYN retries
+# listen backlog: a burst of clients (500 at once in tests/hostile) queues in the kernel, is accepted and
+# decided on in turn, instead of having its SYNs dropped and retried a second later (a probe's timeout)
+BACKLOG = 1024
 _HEAD_END = re.compile(rb"(?:^|\n)\r?\n")  # the blank line after the headers (CRLF or bare LF)
 
 
