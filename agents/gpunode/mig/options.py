@@ -53,7 +53,6 @@ def build_options(
     from gpunode.api.mig_hooks import load_hooks
     from gpunode.common.cmdargs import unit_name_problem
     from gpunode.common.errors import UsageError
-    from gpunode.common.httpcore import default_listen_host
 
     selected = Path(s.selected_config_file) if s.selected_config_file else None
     if selected is not None and not selected.parent.is_dir():
@@ -87,8 +86,8 @@ def build_options(
         reboot_marker=marker if bare else None,
         notify_agents=s.notify_agents,
         notify_processes=tuple(p.strip() for p in s.notify_processes.split(",") if p.strip()),
-        http_host=default_listen_host(environ),
-        http_port=None if s.http_port < 0 or s.oneshot else s.http_port,
+        http_host=s.http.listen_host(environ),
+        http_port=None if s.http.http_port < 0 or s.oneshot else s.http.http_port,
         oneshot=s.oneshot,
         selected_config_file=selected,
         state_file=Path(s.state_file),

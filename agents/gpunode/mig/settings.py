@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gpunode.common.settings import CommonSettings, KubeSettings, group, setting
+from gpunode.common.settings import CommonSettings, HttpSettings, KubeSettings, group, setting
 from gpunode.mig import DEFAULT_JOURNAL
 
 __all__ = [
@@ -266,12 +266,11 @@ class ManagerSettings:
     host_root: str = setting(
         "--host-root", env="GPUNODE_HOST_ROOT", default="/", help="where the host's /sys is (GPU resets)"
     )
-    http_port: int = setting(
-        "--http-port",
-        env="GPUNODE_HTTP_PORT",
-        type=int,
-        default=9453,
-        help="/healthz /readyz /metrics; -1: off",
+    http: HttpSettings = group(
+        HttpSettings,
+        defaults={"http_port": 9453},
+        help={"http_port": "/healthz /readyz /metrics; -1: off"},
+        metavars={"http_address": "HTTP_ADDRESS", "http_port": "HTTP_PORT"},
     )
     notify_agents: bool = setting(
         "--notify-agents",
