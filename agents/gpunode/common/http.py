@@ -19,13 +19,15 @@ Readiness checks run on the HTTP thread, so they must be cheap and thread-safe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from gpunode.common.asynchttp import BACKLOG, AsyncEndpoint
 from gpunode.common.httpcore import (
@@ -45,6 +47,73 @@ if TYPE_CHECKING:
 __all__ = ["RENDER_THREADS", "HealthServer"]
 
 RENDER_THREADS = 2  # threads rendering /metrics (the probes are answered by the HTTP thread itself)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class _RenderPool(Executor):
+    """At most ``size`` daemon threads, started as work arrives. Daemon threads, unlike those of
+    :class:`~concurrent.futures.ThreadPoolExecutor`: a render stuck in a collector never keeps the
+    process from exiting (as the thread-per-connection server's daemon threads never did)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self.size = size
+        self.name = name
+        # (cancel the future, do the work), or None: stop
+        self._queue: queue.SimpleQueue[tuple[Callable[[], bool], Callable[[], None]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        future: Future[T] = Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self._queue.put((future.cancel, work))
+            if len(self._threads) < self.size:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self.name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+        return future
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            item[1]()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the threads once their current work is done; queued work runs first unless
+        ``cancel_futures`` (its futures are then cancelled)."""
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        if cancel_futures:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    item = self._queue.get_nowait()
+                    if item is not None:
+                        item[0]()
+        for _ in threads:
+            self._queue.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -101,7 +170,7 @@ class HealthServer(Health):
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: _RenderPool | None = None
         self._heartbeat: asyncio.Task[None] | None = None
 
     @property
@@ -124,7 +193,7 @@ class HealthServer(Health):
         sock = _listen(self.host, self.requested_port)
         port = int(sock.getsockname()[1])
         metrics = None if self.registry is None else metrics_route(registry_renderer(self.registry), self.log)
-        pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix=f"http-{port}-render")
+        pool = _RenderPool(RENDER_THREADS, f"http-{port}-render")
         endpoint = AsyncEndpoint(
             self.routes(metrics),
             host=self.host,

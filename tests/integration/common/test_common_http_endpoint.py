@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -85,9 +87,7 @@ async def test_healthz_follows_the_heartbeat(server: tuple[HealthServer, FakeClo
 
 async def test_wedged_loop_fails_liveness_until_it_runs_again() -> None:
     clock = FakeClock()
-    async with HealthServer(
-        None, port=0, heartbeat_interval=0.001, stale_after=10, clock=clock
-    ) as endpoint:
+    async with HealthServer(None, port=0, heartbeat_interval=0.001, stale_after=10, clock=clock) as endpoint:
         clock.now += 60
         # a blocking call on the loop thread: the heartbeat task cannot run, the HTTP thread still answers
         wedged = _request_sync(endpoint.port, "GET", "/healthz", {})
@@ -230,3 +230,39 @@ async def test_start_twice_is_an_error() -> None:
 )
 def test_default_listen_host(environ: dict[str, str], host: str) -> None:
     assert default_listen_host(environ) == host
+
+
+STUCK_RENDER = """
+import asyncio, socket, threading
+from prometheus_client import CollectorRegistry
+from gpunode.common.http import HealthServer
+
+class Stuck:
+    def collect(self):
+        threading.Event().wait()  # a collector that never returns
+        yield from ()
+
+    def describe(self):
+        return []
+
+async def main():
+    registry = CollectorRegistry()
+    registry.register(Stuck())
+    async with HealthServer(registry, port=0) as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\\r\\n\\r\\n")
+            await asyncio.sleep(0.3)  # the render is stuck by now
+        print("leaving", flush=True)
+
+asyncio.run(main())
+print("stopped", flush=True)
+"""
+
+
+def test_a_stuck_render_does_not_keep_the_process_alive() -> None:
+    """The /metrics render threads are daemons: the process exits with the render still stuck."""
+    done = subprocess.run(
+        [sys.executable, "-c", STUCK_RENDER], capture_output=True, text=True, timeout=20, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["leaving", "stopped"]
