@@ -190,7 +190,11 @@ class HealthServer(Health):
         when the address cannot be bound."""
         if self._sock is not None:
             raise RuntimeError("HealthServer already started")
-        sock = _listen(self.host, self.requested_port)
+        try:
+            sock = _listen(self.host, self.requested_port)
+        except OSError as exc:  # name the address: --http-address / --http-port
+            where = f"{self.host}:{self.requested_port}"
+            raise OSError(exc.errno, f"cannot listen on {where}: {exc.strerror or exc}") from None
         port = int(sock.getsockname()[1])
         metrics = None if self.registry is None else metrics_route(registry_renderer(self.registry), self.log)
         pool = _RenderPool(RENDER_THREADS, f"http-{port}-render")

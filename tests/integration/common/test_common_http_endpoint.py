@@ -266,3 +266,10 @@ def test_a_stuck_render_does_not_keep_the_process_alive() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["leaving", "stopped"]
+
+
+async def test_an_address_it_cannot_listen_on_is_named() -> None:
+    async with HealthServer(None, port=0) as endpoint:
+        other = HealthServer(None, host="127.0.0.1", port=endpoint.port)
+        with pytest.raises(OSError, match=rf"cannot listen on 127\.0\.0\.1:{endpoint.port}: .*in use"):
+            other.start()
