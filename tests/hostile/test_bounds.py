@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -22,13 +23,47 @@ import pytest
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from gpunode.sim.host import FakeHost
-from helpers.hostile import BIN, GIB, GOOD_MIG_CONFIG, Outcome, clean_env, run_limited
+from helpers.hostile import BIN, GIB, GOOD_MIG_CONFIG, clean_env, run_limited
 
 MIB = 1 << 20
 
 
-def run(argv: list[str], *, timeout: float = 20.0, env: dict[str, str] | None = None) -> Outcome:
-    return run_limited(argv, env={**clean_env(), **(env or {})}, memory=GIB, timeout=timeout)
+# A process forked from this (large) pytest process reports at least pytest's RSS as its own peak (the
+# kernel keeps the pre-exec high-water mark). So each command runs under a small Python wrapper that
+# forks and execs it and writes the command's own peak RSS (KiB, from wait4) to a file.
+WRAPPER = """
+import ctypes, os, sys
+out, argv = sys.argv[1], sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL: dies with the wrapper at the time limit
+    os.execv(argv[0], argv)
+_, status, usage = os.wait4(pid, 0)
+with open(out, "w") as f:
+    f.write(str(usage.ru_maxrss))
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+@dataclass(frozen=True)
+class Measured:
+    returncode: int
+    stderr: str
+    seconds: float
+    peak_rss_mb: float  # the command's own peak
+
+
+def run(argv: list[str], *, timeout: float = 20.0, env: dict[str, str] | None = None) -> Measured:
+    with tempfile.NamedTemporaryFile(prefix="bounds-rss-") as rss:
+        o = run_limited(
+            [sys.executable, "-c", WRAPPER, rss.name, *argv],
+            env={**clean_env(), **(env or {})},
+            memory=GIB,
+            timeout=timeout,
+        )
+        kib = rss.read().strip()
+    return Measured(o.returncode, o.stderr, o.seconds, int(kib) / 1024 if kib else float("inf"))
 
 
 # ---------------------------------------------------------------------------------- MIG counts (item 2)
@@ -178,7 +213,7 @@ def test_an_option_like_kubelet_unit_is_a_usage_error(tmp_path: Path) -> None:
     assert "starts with '-'" in o.stderr
 
 
-DL = [sys.executable, "-m", "gpunode.driver_loader.cli"]
+DL = [str(BIN / "gpunode-driver-loader")]
 
 
 @pytest.mark.parametrize(
