@@ -1,7 +1,8 @@
 """What callers of the Kubernetes layer see: small frozen dataclasses and the error family.
 
-:class:`NodeInfo` and :class:`PodInfo` are what :class:`gpunode.kube.client.Kube` hands back, so no
-module outside the client sees a lightkube type. A call that fails becomes a :class:`KubeError` carrying
+:class:`NodeInfo`, :class:`PodInfo`, and for cluster-wide callers :class:`NodeSummary` (any node, slim)
+and :class:`NodeEvent`, are what :class:`gpunode.kube.client.Kube` hands back, so no module outside the
+client sees a lightkube type. A call that fails becomes a :class:`KubeError` carrying
 the HTTP status; 403 becomes :class:`KubeForbidden`, whose message names the verb and resource to grant;
 404 :class:`KubeNotFound`; 409 :class:`KubeConflict`; an API server that cannot be reached, times out or
 keeps answering 429 / 5xx :class:`KubeUnavailable`.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gpunode.common.errors import UsageError
 
@@ -24,7 +26,9 @@ __all__ = [
     "KubeForbidden",
     "KubeNotFound",
     "KubeUnavailable",
+    "NodeEvent",
     "NodeInfo",
+    "NodeSummary",
     "OwnerRef",
     "PodInfo",
     "require_node_name",
@@ -102,6 +106,30 @@ class NodeInfo:
     annotations: Mapping[str, str]
     unschedulable: bool
     resource_version: str
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """Any node of the cluster, slim: what a cluster-wide controller caches. Of a Node object (10-50 KB
+    on real clusters) only these are decoded: no images, addresses, capacity or conditions beyond Ready."""
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    unschedulable: bool
+    ready: bool  # condition Ready is "True"
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """What :meth:`gpunode.kube.client.Kube.watch_nodes` yields: ``ADDED`` / ``MODIFIED`` / ``DELETED``
+    with ``node``, or ``SYNC`` with ``nodes``, the complete list (after the first list and after every
+    re-list): whatever was cached before a ``SYNC`` and is not in it is gone."""
+
+    type: Literal["SYNC", "ADDED", "MODIFIED", "DELETED"]
+    node: NodeSummary | None = None
+    nodes: tuple[NodeSummary, ...] = ()
 
 
 @dataclass(frozen=True)

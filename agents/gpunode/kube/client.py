@@ -2,6 +2,9 @@
 
 Agents talk to the API server about their own node and little else: read and merge-patch its labels and
 annotations, watch it, cordon it, list / delete / evict the pods on it, and keep one NodeFeature object.
+Cluster-wide callers (the operator) also list and watch every node as a slim
+:class:`~gpunode.kube.api.NodeSummary` (decoded straight into a few fields, the rest of each Node skipped
+unread) and merge-patch any node's labels and annotations with optimistic locking.
 :class:`Kube` does exactly that and hands back the small frozen dataclasses of :mod:`gpunode.kube.api`
 (:class:`~gpunode.kube.api.NodeInfo`, :class:`~gpunode.kube.api.PodInfo`), so no other module sees a
 lightkube type and swapping the client stays a one-file change (DESIGN.md, library choices).
@@ -27,7 +30,7 @@ import random
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 # lightkube asks for httpx2[http2], and httpcore then imports the HTTP/2 stack (about 1.5 MB) although
 # we never speak HTTP/2 to the API server (AsyncClient(http2=False)); keep it out unless already loaded.
@@ -36,8 +39,9 @@ sys.modules.setdefault("h2", None)  # type: ignore[arg-type]
 import httpx2
 import msgspec
 from lightkube import AsyncClient, KubeConfig
-from lightkube.core.exceptions import ApiError
+from lightkube.core.exceptions import ApiError, NotReadyError
 from lightkube.core.exceptions import ConfigError as LightkubeConfigError
+from lightkube.core.resource import ApiInfo, GlobalResource
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
@@ -53,7 +57,9 @@ from gpunode.kube.api import (
     KubeForbidden,
     KubeNotFound,
     KubeUnavailable,
+    NodeEvent,
     NodeInfo,
+    NodeSummary,
     OwnerRef,
     PodInfo,
     require_node_name,
@@ -62,11 +68,43 @@ from gpunode.kube.api import (
 __all__ = ["SERVICE_ACCOUNT_DIR", "Kube", "NodeFeature", "load_kubeconfig"]
 
 T = TypeVar("T")
+_Change = Literal["ADDED", "MODIFIED", "DELETED"]
 
 NodeFeature = create_namespaced_resource(NODE_FEATURE_GROUP, "v1alpha1", "NodeFeature", "nodefeatures")
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+# -- the slim Node: only these fields are decoded, the rest of each object is skipped ---------------------
+class _SlimMeta(msgspec.Struct):
+    name: str = ""
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    resourceVersion: str | None = None
+
+
+class _SlimSpec(msgspec.Struct):
+    unschedulable: bool | None = None
+
+
+class _SlimCondition(msgspec.Struct):
+    type: str = ""
+    status: str = ""
+
+
+class _SlimStatus(msgspec.Struct):
+    conditions: list[_SlimCondition] | None = None
+
+
+class _SlimNode(GlobalResource, msgspec.Struct):
+    """``/api/v1/nodes`` decoded into :class:`NodeSummary`'s fields only (lightkube decodes msgspec
+    structs directly from the response bytes, skipping unknown fields)."""
+
+    _api_info: ClassVar[ApiInfo] = Node._api_info  # type: ignore[misc]
+    metadata: _SlimMeta | None = None
+    spec: _SlimSpec | None = None
+    status: _SlimStatus | None = None
 
 
 # -- configuration ---------------------------------------------------------------------------------------
@@ -320,6 +358,139 @@ class Kube:
                 with contextlib.suppress(Exception):
                     await stream.aclose()  # type: ignore[attr-defined]
 
+    # -- every node (cluster-wide callers) -------------------------------------------------------------
+    async def list_nodes(
+        self, *, labels: Mapping[str, str] | None = None, chunk_size: int = 500
+    ) -> tuple[list[NodeSummary], str]:
+        """Every node (or those matching ``labels``), slim, and the list's resourceVersion to watch from.
+        Read ``chunk_size`` nodes a request: a large cluster is never one huge answer in memory."""
+
+        async def fetch() -> tuple[list[NodeSummary], str]:
+            listing = self._client.list(
+                _SlimNode, chunk_size=chunk_size, labels=dict(labels) if labels else None
+            )
+            nodes = [_node_summary(n) async for n in listing]
+            try:
+                version = listing.resourceVersion
+            except NotReadyError:
+                version = ""
+            return nodes, version
+
+        return await self._call("list", "nodes", fetch)
+
+    async def read_node(self, name: str) -> NodeSummary:
+        """Any node by name, slim; :class:`KubeNotFound` when there is none."""
+        node = await self._call("get", "nodes", lambda: self._client.get(_SlimNode, name))
+        return _node_summary(node)
+
+    async def patch_node_labels(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str | None] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
+    ) -> NodeSummary:
+        """Merge-patch any node's labels and annotations in one request (a None value removes the key).
+
+        With ``resource_version`` the patch applies only to that version of the node (optimistic
+        locking): if anyone changed the node since, :class:`KubeConflict` is raised and nothing changes.
+        Nothing to change reads the node instead of writing.
+        """
+        meta: dict[str, Any] = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if not meta:
+            return await self.read_node(name)
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        body = {"metadata": meta}
+        node = await self._call(
+            "patch",
+            "nodes",
+            lambda: self._client.patch(_SlimNode, name, body, patch_type=PatchType.MERGE),
+        )
+        return _node_summary(node)
+
+    async def watch_nodes(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        server_timeout: int = 300,
+        idle_timeout: float | None = None,
+        chunk_size: int = 500,
+    ) -> AsyncIterator[NodeEvent]:
+        """Every node (or those matching ``labels``): a ``SYNC`` event with the complete list, then each
+        change as ``ADDED`` / ``MODIFIED`` / ``DELETED``, forever.
+
+        A watch that ends or breaks resumes from the last resourceVersion seen; one the server has
+        forgotten (410 Gone) or that sends an event we cannot decode lists again and yields a fresh
+        ``SYNC``; one silent longer than ``idle_timeout`` (default ``server_timeout`` + 30 s) is abandoned
+        and resumed. An unreachable API server is retried with backoff, never raised; 403 is raised
+        (:class:`KubeForbidden` naming ``list`` or ``watch`` on ``nodes``).
+        """
+        idle = idle_timeout if idle_timeout is not None else server_timeout + 30.0
+        selector: dict[str, Any] | None = dict(labels) if labels else None
+        version: str | None = None
+        failures = 0
+        while True:
+            if version is None:
+                try:
+                    nodes, version = await self.list_nodes(labels=labels, chunk_size=chunk_size)
+                except KubeUnavailable:
+                    failures += 1
+                    await self._sleep(self._delay(min(failures, 8), Exception()))
+                    continue
+                yield NodeEvent("SYNC", nodes=tuple(nodes))
+            stream = self._client.watch(
+                _SlimNode,
+                labels=selector,
+                resource_version=version or None,
+                server_timeout=server_timeout,
+            )
+            iterator = aiter(stream)
+            try:
+                while True:
+                    try:
+                        async with asyncio.timeout(idle):
+                            kind, obj = await anext(iterator)
+                    except StopAsyncIteration:
+                        break
+                    failures = 0
+                    self.available = True
+                    node = _node_summary(obj)
+                    version = node.resource_version or version
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):  # BOOKMARK: only the version moves on
+                        yield NodeEvent(cast(_Change, kind), node)
+            except TimeoutError:
+                self.log.warning("kube_watch_stalled", resource="nodes", idle_s=idle, action="resuming")
+            except (ValueError, TypeError, KeyError) as exc:  # an event we cannot decode
+                failures += 1
+                self.log.warning(
+                    "kube_watch_bad_event", error=str(exc)[:300], action="listing the nodes anew"
+                )
+                await self._sleep(self._delay(min(failures, 8), exc))
+                version = None
+            except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError) as exc:
+                err = _translate(exc, "watch", "nodes")
+                if err.status == 410:
+                    self.log.info("kube_watch_expired", resource="nodes", action="listing the nodes anew")
+                    version = None
+                    continue
+                if not isinstance(err, KubeUnavailable):
+                    raise err from None
+                self.available = False
+                self.last_error = str(err)
+                failures += 1
+                delay = self._delay(min(failures, 8), exc)
+                self.log.warning("kube_watch_failed", error=str(err), retry_in_s=round(delay, 2))
+                await self._sleep(delay)
+            finally:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+
     # -- pods ------------------------------------------------------------------------------------------
     async def list_pods(
         self,
@@ -530,6 +701,19 @@ def _node_info(node: Any) -> NodeInfo:
         annotations=dict(meta.annotations or {}),
         unschedulable=bool(spec and spec.unschedulable),
         resource_version=meta.resourceVersion or "",
+    )
+
+
+def _node_summary(node: Any) -> NodeSummary:
+    meta = node.metadata
+    conditions = (node.status.conditions if node.status else None) or []
+    return NodeSummary(
+        name=(meta.name if meta else None) or "",
+        labels=dict((meta.labels if meta else None) or {}),
+        annotations=dict((meta.annotations if meta else None) or {}),
+        unschedulable=bool(node.spec and node.spec.unschedulable),
+        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+        resource_version=(meta.resourceVersion if meta else None) or "",
     )
 
 
