@@ -29,6 +29,7 @@ import yaml
 
 from gpunode import __version__, registry
 from gpunode.api.clusterpolicy import ClusterPolicy, EnvVar, NamedConfig
+from gpunode.deploy.nfd import nfd_images, render_nfd
 from gpunode.driver_loader.upgrade_state import DRIVER_DEPLOY_LABEL, driver_operands
 from gpunode.driver_loader.upgrade_state import RECORD_ANNOTATION as UPGRADE_RECORD_ANNOTATION
 from gpunode.kube.labelconfig import APPLIED_ANNOTATION, STATE_ANNOTATION
@@ -42,6 +43,7 @@ from gpunode.mig.decisions import STATE_LABEL as MIG_STATE_LABEL
 __all__ = [
     "MAIN_VERBS",
     "NODE_NAME_CLAIM",
+    "PSA_ENFORCE",
     "RESOURCES",
     "Agent",
     "NodeWrites",
@@ -49,9 +51,13 @@ __all__ = [
     "agents",
     "dump_yaml",
     "image_for",
+    "images",
+    "namespace_object",
     "node_writes",
     "render",
     "render_by_agent",
+    "requested_runtime_class",
+    "runtime_class_obj",
 ]
 
 Obj = dict[str, Any]  # a Kubernetes object (JSON-like)
@@ -59,6 +65,8 @@ Obj = dict[str, Any]  # a Kubernetes object (JSON-like)
 VALIDATIONS = "/run/nvidia/validations"
 DRIVER_INSTALL_DIR = "/run/nvidia/driver"
 NONROOT_UID = 65532
+#: Pod Security admission's enforced level on a namespace.
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 
 #: The user-info extra of a pod-bound service account token that names the pod's node (set by the API
 #: server since Kubernetes 1.30, ServiceAccountTokenPodNodeInfo); the node policies compare it with the node.
@@ -208,23 +216,81 @@ def enabled_agents(policy: ClusterPolicy) -> list[Agent]:
     return [agent_by_key(e.key) for e in registry.AGENTS if e.operand is not None and on[e.key]]
 
 
-def render(policy: ClusterPolicy, *, namespace: str = "gpunode", image: str | None = None) -> list[Obj]:
+def render(
+    policy: ClusterPolicy,
+    *,
+    namespace: str = "gpunode",
+    image: str | None = None,
+    nfd_image: str | None = None,
+) -> list[Obj]:
     """Every manifest, in apply order (namespace first)."""
     out: list[Obj] = []
-    for objs in render_by_agent(policy, namespace=namespace, image=image).values():
+    for objs in render_by_agent(policy, namespace=namespace, image=image, nfd_image=nfd_image).values():
         out.extend(objs)
     return out
 
 
 def render_by_agent(
-    policy: ClusterPolicy, *, namespace: str = "gpunode", image: str | None = None
+    policy: ClusterPolicy,
+    *,
+    namespace: str = "gpunode",
+    image: str | None = None,
+    nfd_image: str | None = None,
 ) -> dict[str, list[Obj]]:
-    """``{"common": [...], "<agent key>": [...]}`` in a fixed order (a file each in containers/kubernetes)."""
+    """``{"common": [...], "nfd": [...], "<agent key>": [...]}`` in a fixed order (a file each in
+    containers/kubernetes); ``nfd`` only with ``spec.nfd.enabled``."""
     r = _Renderer(policy, namespace, image_for(policy, image))
-    result: dict[str, list[Obj]] = {"common": [r.namespace_obj()]}
+    common = [r.namespace_obj()]
+    runtime_class = requested_runtime_class(policy)
+    if runtime_class is not None:
+        common.append(runtime_class_obj(runtime_class))
+    result: dict[str, list[Obj]] = {"common": common}
+    nfd = render_nfd(policy, namespace=namespace, image=nfd_image)
+    if nfd:
+        result["nfd"] = nfd
     for agent in enabled_agents(policy):
         result[agent.key] = r.agent(agent)
     return result
+
+
+def namespace_object(namespace: str) -> Obj:
+    """The agents' namespace; Pod Security admission enforces ``privileged`` there (the driver loader and
+    the MIG manager are privileged pods)."""
+    labels = {"app.kubernetes.io/part-of": "gpunode", "app.kubernetes.io/managed-by": "gpunode-render"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": namespace, "labels": {**labels, "name": namespace, PSA_ENFORCE: "privileged"}},
+    }
+
+
+def requested_runtime_class(policy: ClusterPolicy) -> str | None:
+    """The RuntimeClass the policy asks GPU workloads to use, or None.
+
+    No agent asks for one: they load NVML from the mounted driver root and run under the cluster's default
+    runtime. The RuntimeClass is for workloads, so it is rendered only when the policy names it
+    (``spec.operator.runtimeClass`` written in the policy, as NVIDIA's chart and samples do); the default
+    value alone renders nothing, so no pod can end up asking for a RuntimeClass that does not exist.
+    """
+    operator = policy.spec.operator
+    return operator.runtime_class if "runtime_class" in operator.model_fields_set else None
+
+
+def runtime_class_obj(name: str) -> Obj:
+    """RuntimeClass ``name`` whose handler has the same name (the toolkit's ``runtime configure``
+    registers the ``nvidia`` handler in containerd or CRI-O under ``--nvidia-runtime-name``)."""
+    return {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "app.kubernetes.io/part-of": "gpunode",
+                "app.kubernetes.io/managed-by": "gpunode-render",
+            },
+        },
+        "handler": name,
+    }
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -374,11 +440,7 @@ class _Renderer:
     # ------------------------------------------------------------------ common
 
     def namespace_obj(self) -> Obj:
-        return {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": self.ns, "labels": {**self._common_labels(), "name": self.ns}},
-        }
+        return namespace_object(self.ns)
 
     def _common_labels(self) -> dict[str, str]:
         return {"app.kubernetes.io/part-of": "gpunode", "app.kubernetes.io/managed-by": "gpunode-render"}
@@ -759,7 +821,6 @@ class _Renderer:
         main["securityContext"] = _restricted(run_as_root=True)
         main["volumeMounts"] = mounts
         pod: Obj = {
-            "runtimeClassName": self.s.operator.runtime_class,
             "initContainers": inits,
             "containers": [main],
             "volumes": [
@@ -838,7 +899,6 @@ class _Renderer:
         main["securityContext"] = _restricted(run_as_root=True, add=add)
         main["volumeMounts"] = mounts
         pod: Obj = {
-            "runtimeClassName": self.s.operator.runtime_class,
             "initContainers": [self._wait_init("toolkit")],
             "containers": [main],
             "volumes": volumes,
@@ -892,7 +952,6 @@ class _Renderer:
         main["securityContext"] = _restricted()
         main["volumeMounts"] = mounts
         pod: Obj = {
-            "runtimeClassName": self.s.operator.runtime_class,
             "initContainers": [self._wait_init("toolkit")],
             "containers": [main],
             "volumes": volumes,
@@ -933,7 +992,6 @@ class _Renderer:
         if pods:
             volumes.insert(0, _host_volume("pod-resources", "/var/lib/kubelet/pod-resources", "Directory"))
         pod: Obj = {
-            "runtimeClassName": self.s.operator.runtime_class,
             "automountServiceAccountToken": False,
             "initContainers": [self._wait_init("toolkit")],
             "containers": [main],
@@ -1015,7 +1073,6 @@ class _Renderer:
             _mount("mig-parted-config", "/mig-parted-config", read_only=True),
         ]
         pod: Obj = {
-            "runtimeClassName": self.s.operator.runtime_class,
             # NVML names the processes in a change's way by host PID; no hostIPC: nothing uses the host's
             # IPC namespace (NVIDIA's manifest sets it without a stated need)
             "hostPID": True,
@@ -1038,6 +1095,7 @@ class _Renderer:
         return [*objs, self._daemonset(agent, pod)], rules, []
 
 
-def images(policy: ClusterPolicy, image: str | None = None) -> list[str]:
-    """The images the rendered manifests use (one: every agent runs from the same image)."""
-    return [image_for(policy, image)]
+def images(policy: ClusterPolicy, image: str | None = None, nfd_image: str | None = None) -> list[str]:
+    """The images the rendered manifests use: gpunode's (every agent runs from the same image), then NFD's
+    when the policy deploys NFD."""
+    return [image_for(policy, image), *nfd_images(policy, nfd_image)]

@@ -1,9 +1,13 @@
 """``gpunode render``: a ClusterPolicy -> Kubernetes manifests (multi-document YAML).
 
-    gpunode render --policy FILE [--strict] [--images] [--namespace NS] [--image IMAGE] [-o DIR|-]
+    gpunode render --policy FILE [--operator] [--strict] [--images] [--namespace NS] [--image IMAGE]
+                   [--nfd-image IMAGE] [-o DIR|-]
 
-``-o -`` (the default) prints every manifest; ``-o DIR`` writes ``common.yaml`` and one file per agent, each
-atomically (a symlink at a file's name is replaced, not followed).
+``-o -`` (the default) prints every manifest; ``-o DIR`` writes ``common.yaml``, ``nfd.yaml`` (with
+``spec.nfd.enabled``) and one file per agent, each atomically (a symlink at a file's name is replaced, not
+followed). ``--operator`` prints the install of gpunode-operator instead (the ClusterPolicy CRD, the
+namespace, the operator with its RBAC, NFD, and the policy itself); with ``-o DIR`` as ``1-crds.yaml``,
+``2-operator.yaml``, ``3-nfd.yaml`` and ``4-clusterpolicy.yaml`` (apply order).
 ``--images`` prints the images the policy needs, one a line (for air-gapped mirroring). Exit 2 for a
 malformed policy (file, YAML path, reason), or with ``--strict`` for unknown or unsupported fields.
 """
@@ -21,6 +25,7 @@ from gpunode.api.clusterpolicy import load_policy
 from gpunode.common.atomic import atomic_write
 from gpunode.common.errors import ConfigError
 from gpunode.common.settings import SettingsParser, setting
+from gpunode.deploy.operator_install import render_operator, render_operator_by_part
 from gpunode.deploy.render import dump_yaml, images, render, render_by_agent
 
 __all__ = ["RenderSettings", "main"]
@@ -51,6 +56,17 @@ class RenderSettings:
     )
     namespace: str = setting("--namespace", default="gpunode", help="namespace of the agents")
     image: str | None = setting("--image", help="the gpunode image (default: spec.gpunode, or ours)")
+    nfd_image: str | None = setting(
+        "--nfd-image", metavar="IMAGE", help="Node Feature Discovery's image (default: the pinned release)"
+    )
+    operator: bool = setting(
+        "--operator",
+        type=bool,
+        default=False,
+        negatable=False,
+        default_help="",
+        help="print the install of gpunode-operator (CRD, namespace, operator, RBAC, NFD, the policy)",
+    )
     output: str = setting(
         "--output",
         short="-o",
@@ -87,15 +103,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     for warning in loaded.warnings:
         print(f"gpunode render: warning: {args.policy}: {warning}", file=sys.stderr)
     if args.images:
-        for image in images(loaded.policy, args.image):
-            print(image)
+        for name in images(loaded.policy, args.image, args.nfd_image):
+            print(name)
         return 0
+    policy, ns, image, nfd_image = loaded.policy, args.namespace, args.image, args.nfd_image
     if args.output == "-":
-        sys.stdout.write(dump_yaml(render(loaded.policy, namespace=args.namespace, image=args.image)))
+        if args.operator:
+            objs = render_operator(policy, namespace=ns, image=image, nfd_image=nfd_image)
+        else:
+            objs = render(policy, namespace=ns, image=image, nfd_image=nfd_image)
+        sys.stdout.write(dump_yaml(objs))
         return 0
+    if args.operator:
+        parts = {
+            f"{i}-{part}": objs
+            for i, (part, objs) in enumerate(
+                render_operator_by_part(policy, namespace=ns, image=image, nfd_image=nfd_image).items(), 1
+            )
+            if objs
+        }
+    else:
+        parts = render_by_agent(policy, namespace=ns, image=image, nfd_image=nfd_image)
     try:
         os.makedirs(args.output, exist_ok=True)
-        for key, objs in render_by_agent(loaded.policy, namespace=args.namespace, image=args.image).items():
+        for key, objs in parts.items():
             # Atomic: a reader (kubectl apply -f DIR) never sees half a file, and a symlink planted at the
             # file's name is replaced, never written through.
             atomic_write(os.path.join(args.output, f"{key}.yaml"), dump_yaml(objs), 0o644)

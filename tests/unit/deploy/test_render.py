@@ -49,7 +49,19 @@ def _rendered(name: str) -> list[dict[str, Any]]:
 
 
 def _daemonsets(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [o for o in objs if o["kind"] == "DaemonSet"]
+    """The agents' DaemonSets (NFD's worker has its own tests: test_nfd.py)."""
+    names = {a.name for a in agents()}
+    return [o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"] in names]
+
+
+def _agents_only(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Everything but NFD's objects (named gpunode-nfd-*, or NFD's CRDs)."""
+    return [
+        o
+        for o in objs
+        if not o["metadata"]["name"].startswith("gpunode-nfd-")
+        and not o["metadata"]["name"].endswith(".nfd.k8s-sigs.io")
+    ]
 
 
 def test_seed_policies_present() -> None:
@@ -208,7 +220,7 @@ def test_preinstalled_driver_validates_the_host_driver() -> None:
 
 @pytest.mark.parametrize("name", SEEDS)
 def test_rbac_exactly_as_documented(name: str) -> None:
-    objs = _rendered(name)
+    objs = _agents_only(_rendered(name))
     policy = load_policy(POLICIES / f"{name}.yaml").policy
     found: dict[str, dict[str, list[tuple[str, str, list[str]]]]] = {}
     for o in objs:
@@ -375,7 +387,7 @@ def _policies(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("name", SEEDS)
 def test_every_agent_that_patches_nodes_gets_a_node_policy(name: str) -> None:
-    objs = _rendered(name)
+    objs = _agents_only(_rendered(name))
     patchers = {
         o["metadata"]["name"]
         for o in objs
@@ -536,7 +548,7 @@ def test_mig_mixed_and_time_slicing_config() -> None:
 
 
 def test_mig_layouts_configmap_is_the_shipped_default() -> None:
-    cm = next(o for o in _rendered("default") if o["kind"] == "ConfigMap")
+    cm = next(o for o in _agents_only(_rendered("default")) if o["kind"] == "ConfigMap")
     spec = yaml.safe_load(cm["data"]["config.yaml"])
     assert "all-balanced" in spec["mig-configs"]
     assert "all-disabled" in spec["mig-configs"]
@@ -597,10 +609,14 @@ def test_wrong_kind_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_images(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--policy", str(POLICIES / "default.yaml"), "--images"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1
+    assert len(lines) == 2
     assert lines[0].startswith("ghcr.io/gpunode/gpunode:")
+    assert lines[1] == "registry.k8s.io/nfd/node-feature-discovery:v0.17.4"  # NFD, deployed by default
     assert main(["--policy", str(POLICIES / "default.yaml"), "--images", "--image", "reg.local/g:1"]) == 0
-    assert capsys.readouterr().out == "reg.local/g:1\n"
+    assert capsys.readouterr().out.splitlines()[0] == "reg.local/g:1"
+    args = ["--policy", str(POLICIES / "default.yaml"), "--images", "--image", "reg.local/g:1"]
+    assert main([*args, "--nfd-image", "reg.local/nfd:2"]) == 0
+    assert capsys.readouterr().out == "reg.local/g:1\nreg.local/nfd:2\n"
 
 
 def test_namespace_and_image_flags(tmp_path: Path) -> None:
