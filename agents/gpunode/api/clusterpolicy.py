@@ -1,10 +1,13 @@
-"""The ClusterPolicy subset gpunode understands (``apiVersion: nvidia.com/v1``, ``kind: ClusterPolicy``).
+"""The ClusterPolicy gpunode reads (``apiVersion: nvidia.com/v1``, ``kind: ClusterPolicy``).
 
-:func:`load_policy` reads a policy file. Fields gpunode does not know, and GPU Operator fields it does not
-support (``nodeStatusExporter``, ``gds``, per-component images, ...), are removed before validation and
-returned as warnings naming their YAML path; ``strict=True`` turns them into a :class:`ConfigError`
-(exit 2). Everything left is validated strictly with the project's :class:`ConfigModel` rules, so a
-malformed policy is a :class:`ConfigError` naming the file, the YAML path and the reason.
+:func:`load_policy` reads a policy file. Every field of NVIDIA's ClusterPolicy CRD is accepted
+(:mod:`gpunode.api.clusterpolicy_fields` lists them): the ones gpunode does not implement
+(``nodeStatusExporter``, ``gds``, per-component images, ...) are removed before validation and returned as
+warnings ``<path>: accepted, ignored: <reason>``, never an error, ``--strict`` included. A field outside
+NVIDIA's CRD and gpunode's extensions is removed with the warning ``<path>: unknown field (ignored)``;
+``strict=True`` turns those into a :class:`ConfigError` (exit 2). Everything left is validated strictly with
+the project's :class:`ConfigModel` rules, so a malformed policy is a :class:`ConfigError` naming the file,
+the YAML path and the reason.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from gpunode.api.clusterpolicy_fields import ignored_reason, leaf_paths, nvidia_spec_schema, schema_at
 from gpunode.common.config import (
     ConfigError,
     ConfigModel,
@@ -29,61 +33,13 @@ from gpunode.common.config import (
 
 __all__ = [
     "ClusterPolicy",
+    "FieldRow",
     "LoadedPolicy",
+    "field_table",
+    "field_table_markdown",
     "load_policy",
     "parse_policy_text",
 ]
-
-# GPU Operator ClusterPolicy fields gpunode recognises but does not implement (warned as "unsupported").
-UNSUPPORTED_SPEC_KEYS = frozenset(
-    {
-        "nodeStatusExporter",
-        "dcgm",
-        "gds",
-        "gdrcopy",
-        "vgpuManager",
-        "vgpuDeviceManager",
-        "vfioManager",
-        "sandboxWorkloads",
-        "sandboxDevicePlugin",
-        "kataManager",
-        "ccManager",
-        "cdi",
-        "psa",
-        "psp",
-        "hostPaths",
-    }
-)
-UNSUPPORTED_COMPONENT_KEYS = frozenset(
-    {
-        "repository",
-        "image",
-        "version",
-        "imagePullPolicy",
-        "imagePullSecrets",
-        "args",
-        "resources",
-        "hostNetwork",
-        "startupProbe",
-        "livenessProbe",
-        "readinessProbe",
-        "licensingConfig",
-        "virtualTopology",
-        "kernelModuleConfig",
-        "repoConfig",
-        "certConfig",
-        "upgradePolicy",
-        "usePrecompiled",
-        "useOpenKernelModules",
-        "useNvidiaDriverCRD",
-        "installDir",
-        "metricsConfig",
-        "hostPort",
-        "serviceMonitor",
-        "config",
-        "mps",
-    }
-)
 
 
 class EnvVar(ConfigModel):
@@ -226,8 +182,12 @@ class ClusterPolicy(ConfigModel):
 
 @dataclass(frozen=True)
 class LoadedPolicy:
+    """``warnings``: every field dropped, NVIDIA's ignored ones and unknown ones, in document order;
+    ``unknown``: those outside NVIDIA's CRD (the ones ``strict`` refuses)."""
+
     policy: ClusterPolicy
     warnings: tuple[str, ...]
+    unknown: tuple[str, ...] = ()
 
 
 def default_policy() -> ClusterPolicy:
@@ -250,17 +210,24 @@ def parse_policy_text(text: str, source_name: str, *, strict: bool = False) -> L
     except ValueError:
         raise ConfigError(source_name, ["values must be finite numbers (no .inf or .nan)"]) from None
     warnings: list[str] = []
-    pruned = _prune(data, ClusterPolicy, (), warnings)
-    if strict and warnings:
-        raise ConfigError(source_name, [f"{w} (--strict)" for w in warnings])
+    unknown: list[str] = []
+    pruned = _prune(data, ClusterPolicy, (), warnings, unknown)
+    if strict and unknown:
+        raise ConfigError(source_name, [f"{w} (--strict)" for w in unknown])
     try:
         policy = ClusterPolicy.model_validate_json(json.dumps(pruned), strict=True)
     except ValidationError as exc:
         raise ConfigError(source_name, format_validation_error(exc, ClusterPolicy)) from None
-    return LoadedPolicy(policy, tuple(warnings))
+    return LoadedPolicy(policy, tuple(warnings), tuple(unknown))
 
 
-def _prune(data: object, model: type[BaseModel], loc: tuple[int | str, ...], out: list[str]) -> object:
+def _prune(
+    data: object,
+    model: type[BaseModel],
+    loc: tuple[int | str, ...],
+    out: list[str],
+    unknown: list[str],
+) -> object:
     """Drop keys ``model`` does not declare, recording a warning for each; recurse into sub-models."""
     if not isinstance(data, dict):
         return data  # let validation report the wrong type
@@ -269,24 +236,51 @@ def _prune(data: object, model: type[BaseModel], loc: tuple[int | str, ...], out
     for key, value in data.items():
         where = format_loc((*loc, str(key)))
         if key not in fields:
-            top = loc == ("spec",) and key in UNSUPPORTED_SPEC_KEYS
-            component = len(loc) == 2 and loc[0] == "spec" and key in UNSUPPORTED_COMPONENT_KEYS
-            if top or component:
-                out.append(f"{where}: not supported by gpunode (ignored)")
+            reason = _nvidia_reason((*loc, str(key)))
+            if reason is not None:
+                out.append(f"{where}: accepted, ignored: {reason}")
             else:
                 out.append(f"{where}: unknown field (ignored)")
+                unknown.append(out[-1])
             continue
-        kept[str(key)] = _prune_value(value, fields[str(key)].annotation, (*loc, str(key)), out)
+        kept[str(key)] = _prune_value(value, fields[str(key)].annotation, (*loc, str(key)), out, unknown)
     return kept
 
 
-def _prune_value(value: object, annotation: object, loc: tuple[int | str, ...], out: list[str]) -> object:
+_NVIDIA_SPEC: dict[str, Any] = {}
+
+
+def _nvidia_spec() -> dict[str, Any]:
+    if not _NVIDIA_SPEC:
+        _NVIDIA_SPEC.update(nvidia_spec_schema())
+    return _NVIDIA_SPEC
+
+
+def _schema_path(loc: tuple[int | str, ...]) -> tuple[str, ...]:
+    return tuple("[]" if isinstance(part, int) else part for part in loc)
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path).replace(".[]", "[]")
+
+
+def _nvidia_reason(loc: tuple[int | str, ...]) -> str | None:
+    """Why the NVIDIA field at ``loc`` is ignored; ``None`` when ``loc`` is not a field of NVIDIA's CRD."""
+    path = _schema_path(loc)
+    if len(path) < 2 or path[0] != "spec" or schema_at(_nvidia_spec(), path[1:]) is None:
+        return None
+    return ignored_reason(_dotted(path)) or "not implemented by gpunode"
+
+
+def _prune_value(
+    value: object, annotation: object, loc: tuple[int | str, ...], out: list[str], unknown: list[str]
+) -> object:
     sub = _model_of(annotation)
     if sub is not None:
-        return _prune(value, sub, loc, out)
+        return _prune(value, sub, loc, out, unknown)
     item = _item_model(annotation)
     if item is not None and isinstance(value, list):
-        return [_prune(v, item, (*loc, i), out) for i, v in enumerate(value)]
+        return [_prune(v, item, (*loc, i), out, unknown) for i, v in enumerate(value)]
     return value
 
 
@@ -300,3 +294,61 @@ def _item_model(annotation: object) -> type[BaseModel] | None:
     args: Mapping[int, object] = dict(enumerate(getattr(annotation, "__args__", ())))
     first = args.get(0)
     return _model_of(first)
+
+
+# -- the field table -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FieldRow:
+    """One leaf of gpunode's ClusterPolicy CRD: its path, OpenAPI type and what gpunode does with it."""
+
+    path: str
+    type: str
+    honoured: bool
+    note: str  # "gpunode extension" for gpunode's own fields; the reason for an ignored one
+
+
+def field_table() -> list[FieldRow]:
+    """Every leaf field of the CRD's ``spec``, in schema order: honoured (the model declares it) or
+    accepted and ignored with its reason."""
+    from gpunode.api.clusterpolicy_fields import spec_schema
+
+    nvidia = _nvidia_spec()
+    rows = []
+    for path, kind in leaf_paths(spec_schema(), "spec"):
+        parts = tuple(path.replace("[]", ".[]").split("."))
+        depth = _undeclared_at(parts[1:], Spec)
+        if depth is None:
+            ext = schema_at(nvidia, parts[1:]) is None
+            rows.append(FieldRow(path, kind, True, "gpunode extension" if ext else ""))
+        else:
+            rows.append(FieldRow(path, kind, False, _nvidia_reason(parts[: depth + 2]) or ""))
+    return rows
+
+
+def _undeclared_at(path: tuple[str, ...], model: type[BaseModel]) -> int | None:
+    """The index of the first step of ``path`` the model does not declare (where loading drops the
+    field), or ``None`` when it declares the whole path (a map's keys and a list's scalars end the walk)."""
+    current: type[BaseModel] | None = model
+    for index, part in enumerate(path):
+        if part == "[]":
+            continue
+        if current is None:
+            return None  # inside a declared map or scalar list
+        fields = {(f.alias or n): f for n, f in current.model_fields.items()}
+        if part not in fields:
+            return index
+        annotation = fields[part].annotation
+        current = _model_of(annotation) or _item_model(annotation)
+    return None
+
+
+def field_table_markdown() -> str:
+    """:func:`field_table` as the Markdown table of ``docs/clusterpolicy.md``."""
+    lines = ["| field | type | gpunode |", "|---|---|---|"]
+    for row in field_table():
+        if row.honoured:
+            what = f"honoured ({row.note})" if row.note else "honoured"
+        else:
+            what = f"accepted, ignored: {row.note}"
+        lines.append(f"| `{row.path}` | {row.type} | {what} |")
+    return "\n".join(lines) + "\n"
