@@ -1,6 +1,6 @@
 """``gpunode render --operator``: everything ``kubectl apply -f -`` needs to install gpunode-operator.
 
-In apply order: the ClusterPolicy CRD (from the CRD generator, :data:`CRD_GENERATOR`), the namespace
+In apply order: the ClusterPolicy CRD (:mod:`gpunode.api.clusterpolicy_crd`), the namespace
 (Pod Security ``enforce=privileged``), the operator's ServiceAccount, RBAC and Deployment, NFD (with
 ``spec.nfd.enabled``), and the ClusterPolicy itself. The operator then renders and applies the agents.
 
@@ -14,18 +14,17 @@ can be listed but not read, changed or deleted; no Secrets; no other namespace.
 
 from __future__ import annotations
 
-import importlib
 import json
-from collections.abc import Callable, Iterable
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import Any
 
 from gpunode.api.clusterpolicy import ClusterPolicy, parse_policy_text
+from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.nfd import render_nfd
 from gpunode.deploy.render import image_for, namespace_object, render
 
 __all__ = [
     "CONSOLE_SCRIPT",
-    "CRD_GENERATOR",
     "KINDS",
     "clusterpolicy_crds",
     "clusterpolicy_object",
@@ -39,10 +38,6 @@ Obj = dict[str, Any]
 #: The operator's command, in the one gpunode image (the console script is coming: issue 15, item 2).
 CONSOLE_SCRIPT = "gpunode-operator"
 NAME = "gpunode-operator"
-
-#: HOOK for the ClusterPolicy CRD (issue 15, item 1): module and function of the generator, which returns
-#: the CRD object. While the module does not exist, ``--operator`` prints no CRD (see the README).
-CRD_GENERATOR = ("gpunode.api.clusterpolicy_crd", "crd")
 
 #: kind -> (API group, resource, namespaced) for every kind the render code produces.
 KINDS: dict[str, tuple[str, str, bool]] = {
@@ -89,16 +84,8 @@ spec:
 
 
 def clusterpolicy_crds() -> list[Obj]:
-    """The ClusterPolicy CRD from :data:`CRD_GENERATOR`, or nothing while the generator does not exist."""
-    module, function = CRD_GENERATOR
-    try:
-        generator = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        return []
-    make = cast(Callable[[], Obj], getattr(generator, function))
-    return [make()]
+    """The ClusterPolicy CRD (:func:`gpunode.api.clusterpolicy_crd.crd`)."""
+    return [crd()]
 
 
 def clusterpolicy_object(policy: ClusterPolicy) -> Obj:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -12,10 +11,9 @@ import pytest
 import yaml
 
 from gpunode.api.clusterpolicy import load_policy, parse_policy_text
+from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.operator_install import (
-    CRD_GENERATOR,
     KINDS,
-    clusterpolicy_crds,
     operator_rules,
     render_operator,
     render_operator_by_part,
@@ -36,33 +34,23 @@ def _install() -> dict[str, list[dict[str, Any]]]:
 
 
 def test_golden() -> None:
-    """Everything but the ClusterPolicy CRD, which its generator's own tests hold (and which is absent until
-    the generator exists)."""
-    parts = _install()
-    text = dump_yaml([o for part, objs in parts.items() if part != "crds" for o in objs])
+    text = dump_yaml(render_operator(load_policy(DEFAULT, strict=True).policy))
     if UPDATE:
         GOLDEN.write_text(text, encoding="utf-8")
     assert GOLDEN.read_text(encoding="utf-8") == text, "GPUNODE_UPDATE_GOLDEN=1 rewrites the golden"
 
 
-def test_the_crd_comes_from_the_generator_first() -> None:
+def test_the_crd_comes_first() -> None:
     parts = _install()
     assert list(parts) == ["crds", "operator", "nfd", "clusterpolicy"]  # apply order
-    if importlib.util.find_spec(CRD_GENERATOR[0]) is None:
-        assert parts["crds"] == []
-        return
-    generator = importlib.import_module(CRD_GENERATOR[0])
-    assert parts["crds"] == [getattr(generator, CRD_GENERATOR[1])()] == clusterpolicy_crds()
-    crd = parts["crds"][0]
-    assert crd["kind"] == "CustomResourceDefinition"
-    assert crd["spec"]["names"]["kind"] == "ClusterPolicy"
-    assert crd["spec"]["scope"] == "Cluster"
+    assert parts["crds"] == [crd()]
+    assert parts["crds"][0]["spec"]["names"]["kind"] == "ClusterPolicy"
 
 
 def test_every_object_validates() -> None:
     for o in render_operator(load_policy(DEFAULT).policy):
         if o["kind"] == "ClusterPolicy":
-            continue  # a custom resource: its CRD's schema (the generator's tests)
+            continue  # a custom resource: tests/unit/api/test_clusterpolicy_crd.py holds the seeds to it
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)
 
 
