@@ -144,7 +144,15 @@ def test_discovery(api: FakeApiServer, path: str, kind: str | None) -> None:
     if path == "/version":
         assert body["gitVersion"] == "v1.31.0-gpunode-fake"
     if path.startswith("/api/v1"):
-        assert {r["name"] for r in body["resources"]} == {"nodes", "pods", "pods/eviction"}
+        assert {r["name"] for r in body["resources"]} == {
+            "nodes",
+            "pods",
+            "pods/eviction",
+            "namespaces",
+            "serviceaccounts",
+            "configmaps",
+            "services",
+        }
     if path == "/apis":
         assert {g["name"] for g in body["groups"]} >= {"nfd.k8s-sigs.io", "policy"}
 
@@ -202,7 +210,7 @@ def test_not_found_is_a_status(api: FakeApiServer) -> None:
     status, body, _ = call(api, "GET", f"{NFD}/namespaces/x/nodefeatures/nf")
     assert body["message"] == 'nodefeatures.nfd.k8s-sigs.io "nf" not found'
     assert body["details"] == {"name": "nf", "group": "nfd.k8s-sigs.io", "kind": "nodefeatures"}
-    for path in ("/api/v1/configmaps", "/api/v1/nodes/n/status", "/api/v1/pods/p", "/nope"):
+    for path in ("/api/v1/secrets", "/api/v1/nodes/n/status", "/api/v1/pods/p", "/nope"):
         status, body, _ = call(api, "GET", path)
         assert (status, body["kind"], body["reason"]) == (404, "Status", "NotFound"), path
     status, body, _ = call(api, "POST", "/api/v1/nodes/n1", {})
@@ -360,9 +368,12 @@ def test_patch_content_types(api: FakeApiServer) -> None:
         api, "PATCH", nf, {"spec": {"labels": None}}, content_type="application/merge-patch+json"
     )
     assert (status, body["spec"]) == (200, {})
-    for content_type in ("application/json", "application/apply-patch+yaml", "text/plain"):
+    for content_type in ("application/json", "text/plain"):
         status, body, _ = call(api, "PATCH", "/api/v1/nodes/n1", {}, content_type=content_type)
         assert (status, body["reason"]) == (415, "UnsupportedMediaType"), content_type
+    # server-side apply is served (tests/integration/sim/test_apiserver_apply.py); without fieldManager: 422
+    status, body, _ = call(api, "PATCH", "/api/v1/nodes/n1", {}, content_type="application/apply-patch+yaml")
+    assert (status, body["reason"]) == (422, "Invalid")
 
 
 def test_delete(api: FakeApiServer) -> None:

@@ -1,36 +1,4 @@
-"""A fake Kubernetes API server: the real REST and watch wire protocol over HTTP/1.1 on 127.0.0.1.
-
-Tests, the demo and benchmarks start one (`with FakeApiServer() as api:`), write a kubeconfig pointing at
-it (`api.write_kubeconfig(path)`) and run real clients against it: the agents as separate processes,
-lightkube's AsyncClient, plain urllib. It serves what our agents touch: Nodes, Pods (with the eviction
-subresource) and NFD NodeFeatures, plus just enough discovery (`/version`, `/api`, `/apis`, ...) for
-clients that look before they leap.
-
-What it does the way the real apiserver does:
-- GET, LIST (label and field selectors), POST (201, 409 AlreadyExists), PUT (409 Conflict on a stale
-  resourceVersion), PATCH (merge, strategic merge, JSON patch; a patch that changes nothing writes
-  nothing), DELETE, and eviction; every error body is a `Status` with the real reason, code and message.
-- One global resourceVersion; every write bumps it and is recorded for watchers. Watches send the
-  current objects as ADDED (no resourceVersion or "0") or replay history after a resourceVersion, then
-  stream live changes as newline-delimited JSON in HTTP chunks. A resourceVersion older than the
-  retained history (or than `compact()`) gets one ERROR event with a 410 Expired Status. An object that
-  starts or stops matching a watch's selectors arrives as ADDED or DELETED.
-- A DaemonSet controller in miniature (`add_daemonset`) that places and removes pods as node labels
-  change, and an optional pod deletion delay (`pod_deletion_delay`) during which a deleted pod is
-  terminating (metadata.deletionTimestamp set) before it goes.
-- Fault injection: failing or stalling the next requests, 403 for chosen verbs, dropping or stalling
-  watch streams, forgetting history.
-
-What it deliberately does not do: admission (no defaulting beyond uid/timestamps/resourceVersion and a
-Pending phase for new pods, no validation beyond names), authentication or authorization beyond one
-optional bearer token and `forbid()`, server-side apply (415), pagination (`limit`/`continue` are
-ignored: every list is complete), Namespace objects (any namespace exists), finalizers, status as a
-separate subresource (writes to the main resource may change status), list merging by key in strategic
-merge patches (lists are replaced whole), protobuf, and resources other than the ones above.
-
-Standard library only (and `gpunode.kube.selectors`, the label-selector parser the agents use, itself
-standard library only): a `ThreadingHTTPServer` whose handler threads share one lock and condition.
-"""
+"""The test API server itself: store, verbs, controllers and the HTTP front (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -44,8 +12,8 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,6 +23,14 @@ from typing import Any, Literal, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from gpunode.kube.selectors import LabelSelector
+from gpunode.sim.apiserver.fieldmanager import (
+    ApplyConflict,
+    conflict_causes,
+    record_update,
+    same_ignoring_time,
+)
+from gpunode.sim.apiserver.fieldmanager import apply as fieldmanager_apply
+from gpunode.sim.apiserver.workloads import pod_ready, should_run, template_hash
 
 JsonObj = dict[str, Any]
 
@@ -63,6 +39,9 @@ DEFAULT_USER = "system:serviceaccount:gpu-operator:gpunode"
 NFD_GROUP = "nfd.k8s-sigs.io"
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what the apiserver uses for generateName
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+SIM_MANAGER = "gpunode-sim"  # the field manager of writes through the Python API (an outside actor)
+CONTROLLER_MANAGER = "kube-controller-manager"  # the DaemonSet controller's writes
+GC_MANAGER = "generic-garbage-collector"
 
 
 # -- resources -----------------------------------------------------------------------------------------
@@ -78,6 +57,15 @@ class ResourceType:
     namespaced: bool
     field_labels: frozenset[str]
     short_names: tuple[str, ...] = ()
+    custom: bool = False  # a custom resource: no strategic merge patch (415), as the real server
+    status: bool = False  # a /status subresource; writes to the main resource keep the old status
+    generation: bool = False  # metadata.generation: 1 on create, +1 on every change outside metadata/status
+    categories: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """Where its objects are stored: the same for every version of a group's resource."""
+        return self.qualified
 
     @property
     def api_version(self) -> str:
@@ -123,17 +111,92 @@ NODE_FEATURES = ResourceType(
     "v1alpha1",
     True,
     frozenset({"metadata.name", "metadata.namespace"}),
+    custom=True,
 )
-RESOURCES: dict[str, ResourceType] = {r.plural: r for r in (NODES, PODS, NODE_FEATURES)}
+_META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
+
+
+def _builtin(
+    plural: str,
+    kind: str,
+    group: str,
+    version: str,
+    namespaced: bool,
+    *,
+    short: tuple[str, ...] = (),
+    status: bool = False,
+    generation: bool = False,
+) -> ResourceType:
+    return ResourceType(
+        plural,
+        kind.lower(),
+        kind,
+        group,
+        version,
+        namespaced,
+        _META_FIELDS,
+        short,
+        status=status,
+        generation=generation or status,
+    )
+
+
+RBAC_GROUP = "rbac.authorization.k8s.io"
+NAMESPACES = _builtin("namespaces", "Namespace", "", "v1", False, short=("ns",))
+SERVICE_ACCOUNTS = _builtin("serviceaccounts", "ServiceAccount", "", "v1", True, short=("sa",))
+CONFIG_MAPS = _builtin("configmaps", "ConfigMap", "", "v1", True, short=("cm",))
+SERVICES = _builtin("services", "Service", "", "v1", True, short=("svc",))
+DAEMONSETS = _builtin("daemonsets", "DaemonSet", "apps", "v1", True, short=("ds",), status=True)
+DEPLOYMENTS = _builtin("deployments", "Deployment", "apps", "v1", True, short=("deploy",), status=True)
+CONTROLLER_REVISIONS = _builtin("controllerrevisions", "ControllerRevision", "apps", "v1", True)
+CLUSTER_ROLES = _builtin("clusterroles", "ClusterRole", RBAC_GROUP, "v1", False)
+CLUSTER_ROLE_BINDINGS = _builtin("clusterrolebindings", "ClusterRoleBinding", RBAC_GROUP, "v1", False)
+ROLES = _builtin("roles", "Role", RBAC_GROUP, "v1", True)
+ROLE_BINDINGS = _builtin("rolebindings", "RoleBinding", RBAC_GROUP, "v1", True)
+RUNTIME_CLASSES = _builtin("runtimeclasses", "RuntimeClass", "node.k8s.io", "v1", False)
+LEASES = _builtin("leases", "Lease", "coordination.k8s.io", "v1", True)
+CRDS = _builtin(
+    "customresourcedefinitions",
+    "CustomResourceDefinition",
+    "apiextensions.k8s.io",
+    "v1",
+    False,
+    short=("crd", "crds"),
+    status=True,
+)
+BUILTIN_TYPES: tuple[ResourceType, ...] = (
+    NODES,
+    PODS,
+    NAMESPACES,
+    SERVICE_ACCOUNTS,
+    CONFIG_MAPS,
+    SERVICES,
+    NODE_FEATURES,
+    DAEMONSETS,
+    DEPLOYMENTS,
+    CONTROLLER_REVISIONS,
+    CLUSTER_ROLES,
+    CLUSTER_ROLE_BINDINGS,
+    ROLES,
+    ROLE_BINDINGS,
+    RUNTIME_CLASSES,
+    LEASES,
+    CRDS,
+)
+RESOURCES: dict[str, ResourceType] = {r.plural: r for r in BUILTIN_TYPES}
+
+
+def _find_type(types: Iterable[ResourceType], kind: str) -> ResourceType:
+    wanted = kind.lower()
+    for rt in types:
+        if wanted in (rt.plural, rt.singular, rt.kind.lower(), rt.qualified.lower()):
+            return rt
+    raise ValueError(f"unknown resource {kind!r}; known: {', '.join(sorted({t.qualified for t in types}))}")
 
 
 def resource_type(kind: str) -> ResourceType:
-    """`nodes`, `node`, `Node`, `pods`, `NodeFeature`, ... -> its ResourceType."""
-    wanted = kind.lower()
-    for rt in RESOURCES.values():
-        if wanted in (rt.plural, rt.singular, rt.kind.lower()):
-            return rt
-    raise ValueError(f"unknown resource {kind!r}; known: {', '.join(RESOURCES)}")
+    """`nodes`, `node`, `Node`, `pods`, `NodeFeature`, `daemonsets`, ... -> its built-in ResourceType."""
+    return _find_type(BUILTIN_TYPES, kind)
 
 
 # -- errors ----------------------------------------------------------------------------------------------
@@ -488,14 +551,11 @@ class _StallRule:
 
 
 @dataclass
-class _DaemonSet:
-    namespace: str
-    name: str
-    uid: str
-    node_selector: dict[str, str]
-    pod_labels: dict[str, str]
-    recreate: bool
-    created: str
+class _DaemonState:
+    """What the controller remembers of one DaemonSet beyond the object."""
+
+    recreate: bool = True  # False: a node gets a pod only the first time it matches
+    plain: bool = False  # add_daemonset's: pods carry only the template's labels
     placed: set[str] = field(default_factory=set)
 
 
@@ -519,12 +579,12 @@ class _Watch:
         """The wire event this watch sends for a recorded write, or None."""
         now = self.visible(event.obj)
         if event.type != "MODIFIED":
-            return {"type": event.type, "object": event.obj} if now else None
+            return {"type": event.type, "object": _as_version(self.rt, event.obj)} if now else None
         before = event.old is not None and self.visible(event.old)
         if now:
-            return {"type": "MODIFIED" if before else "ADDED", "object": event.obj}
+            return {"type": "MODIFIED" if before else "ADDED", "object": _as_version(self.rt, event.obj)}
         if before and event.old is not None:
-            gone = copy.deepcopy(event.old)
+            gone = copy.deepcopy(_as_version(self.rt, event.old))
             gone["metadata"]["resourceVersion"] = str(event.rv)
             return {"type": "DELETED", "object": gone}
         return None
@@ -591,6 +651,45 @@ def _media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
 
+def _as_version(rt: ResourceType, obj: JsonObj) -> JsonObj:
+    """An object as served through one version of its resource (custom resources: no conversion beyond
+    apiVersion, as with the real server's `None` conversion strategy)."""
+    if obj.get("apiVersion") == rt.api_version:
+        return obj
+    return {**obj, "apiVersion": rt.api_version}
+
+
+def _spec_part(obj: Mapping[str, Any]) -> JsonObj:
+    """What bumps metadata.generation when it changes: all but metadata and status."""
+    return {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")}
+
+
+def _controller_ref(owner: JsonObj) -> JsonObj:
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _max_unavailable(value: Any, desired: int) -> int:
+    """A rolling update's maxUnavailable (a count or a percentage of desired, rounded down), at least 1."""
+    if isinstance(value, str) and value.endswith("%"):
+        try:
+            return max(1, desired * int(value[:-1]) // 100)
+        except ValueError:
+            return 1
+    return max(1, int(value)) if isinstance(value, int) else 1
+
+
+def _field_manager(query: Mapping[str, str], user_agent: str | None) -> str:
+    """?fieldManager=, else the User-Agent up to its first `/` (what the real server infers)."""
+    return query.get("fieldManager") or (user_agent or "").split("/")[0].strip() or "unknown"
+
+
 # -- the server ------------------------------------------------------------------------------------------
 
 
@@ -613,7 +712,10 @@ class FakeApiServer:
         self.requests: list[RequestRecord] = []
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._store: dict[str, dict[tuple[str, str], JsonObj]] = {plural: {} for plural in RESOURCES}
+        self._store: dict[str, dict[tuple[str, str], JsonObj]] = {rt.key: {} for rt in BUILTIN_TYPES}
+        self._types: dict[tuple[str, str, str], ResourceType] = {
+            (rt.group, rt.version, rt.plural): rt for rt in BUILTIN_TYPES
+        }
         self._rv = 1
         self._events: deque[WatchEvent] = deque()
         self._horizon = 1  # every event with rv > horizon is still in _events
@@ -624,7 +726,16 @@ class FakeApiServer:
         self._fail_rules: list[_FailRule] = []
         self._stall_rules: list[_StallRule] = []
         self._forbidden: set[tuple[str, str]] = set()
-        self._daemonsets: dict[tuple[str, str], _DaemonSet] = {}
+        self._ds_state: dict[str, _DaemonState] = {}  # by DaemonSet uid
+        self._ds_presets: dict[tuple[str, str], _DaemonState] = {}  # add_daemonset's, until first sync
+        self._ds_dirty = False
+        self._pod_hashes: dict[str, str] = {}  # daemon pod uid -> its template hash
+        self._referenced: Counter[str] = Counter()  # uid -> how many ownerReferences name it
+        self._crd_registered: dict[str, list[tuple[str, str, str]]] = {}
+        # counters
+        self.request_counts: Counter[tuple[str, str]] = Counter()  # (verb, resource) -> requests served
+        self.apply_conflicts = 0  # server-side applies refused with 409 (a field owned by another manager)
+        self.gc_deletions = 0  # dependents the garbage collector deleted
         self._pending_deletions: dict[tuple[str, str], float] = {}
         self._reconciling = False
         self._connections: set[socket.socket] = set()
@@ -824,26 +935,66 @@ class FakeApiServer:
             ]
             return copy.deepcopy(found)
 
-    def objects(self, kind: str, namespace: str | None = None) -> list[JsonObj]:
-        rt = resource_type(kind)
+    def resource_type(self, kind: str) -> ResourceType:
+        """A built-in or (once its CRD exists) custom resource by plural, singular, kind or plural.group."""
         with self._lock:
-            found = [o for k, o in sorted(self._store[rt.plural].items()) if namespace in (None, k[0])]
+            return _find_type(list(self._types.values()), kind)
+
+    def objects(self, kind: str, namespace: str | None = None) -> list[JsonObj]:
+        rt = self.resource_type(kind)
+        with self._lock:
+            found = [o for k, o in sorted(self._bucket(rt).items()) if namespace in (None, k[0])]
             return copy.deepcopy(found)
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> JsonObj | None:
-        rt = resource_type(kind)
+        rt = self.resource_type(kind)
         key = ((namespace or "default") if rt.namespaced else "", name)
         with self._lock:
-            obj = self._store[rt.plural].get(key)
+            obj = self._bucket(rt).get(key)
             return copy.deepcopy(obj) if obj is not None else None
 
     def create(self, kind: str, obj: JsonObj) -> JsonObj:
-        return copy.deepcopy(self._create(resource_type(kind), None, obj))
+        return copy.deepcopy(self._create(self.resource_type(kind), None, obj))
 
-    def delete(self, kind: str, name: str, namespace: str | None = None) -> None:
-        """Delete as a client would (pods honour `pod_deletion_delay`); ApiError 404 when absent."""
-        rt = resource_type(kind)
-        self._delete(rt, (namespace or "default") if rt.namespaced else None, name)
+    def patch(
+        self,
+        kind: str,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        patch_type: Literal["merge", "strategic", "json"] = "merge",
+        subresource: str | None = None,
+        manager: str = SIM_MANAGER,
+    ) -> JsonObj:
+        """Patch as an outside actor; subresource "status" writes only status (types that have one)."""
+        rt = self.resource_type(kind)
+        ns = (namespace or "default") if rt.namespaced else None
+        return copy.deepcopy(
+            self._patch(rt, ns, name, patch, patch_type, subresource=subresource, manager=manager)
+        )
+
+    def apply(
+        self, kind: str, obj: JsonObj, *, manager: str, force: bool = False, subresource: str | None = None
+    ) -> JsonObj:
+        """Server-side apply as `manager` (ApiError 409 on a conflict without force)."""
+        rt = self.resource_type(kind)
+        meta = obj.get("metadata") or {}
+        ns = (meta.get("namespace") or "default") if rt.namespaced else None
+        name = str(meta.get("name", ""))
+        with self._lock:
+            _, result = self._apply(rt, ns, name, obj, manager=manager, force=force, subresource=subresource)
+            return copy.deepcopy(
+                self._bucket(rt).get((ns or "", name), result)
+            )  # with what controllers wrote
+
+    def delete(
+        self, kind: str, name: str, namespace: str | None = None, *, propagation: str | None = None
+    ) -> None:
+        """Delete as a client would (pods honour `pod_deletion_delay`, dependents are collected unless
+        propagation is "Orphan"); ApiError 404 when absent."""
+        rt = self.resource_type(kind)
+        self._delete(rt, (namespace or "default") if rt.namespaced else None, name, propagation=propagation)
 
     def add_daemonset(
         self,
@@ -854,21 +1005,38 @@ class FakeApiServer:
         *,
         recreate: bool = True,
     ) -> JsonObj:
-        """Play the DaemonSet controller for one DaemonSet.
+        """Create a DaemonSet (apps/v1) that the controller in miniature plays for.
 
-        A node whose labels hold every node_selector pair gets one pod `<name>-<5 chars>` once no pod of
-        this DaemonSet (terminating ones included) is on it; a node that stops matching loses its pods
-        (honouring `pod_deletion_delay`). With recreate=False a node gets a pod only the first time it
-        matches: a pod deleted or evicted later is not replaced."""
+        A node whose labels hold every node_selector pair (and whose NoSchedule/NoExecute taints the
+        template tolerates) gets one pod `<name>-<5 chars>` once no pod of this DaemonSet (terminating
+        ones included) is on it; a node that stops matching loses its pods (honouring
+        `pod_deletion_delay`). With recreate=False a node gets a pod only the first time it matches: a
+        pod deleted or evicted later is not replaced. Its pods carry exactly pod_labels (DaemonSets
+        created through the API also get controller-revision-hash and pod-template-generation)."""
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "selector": {"matchLabels": dict(pod_labels)},
+                "template": {
+                    "metadata": {"labels": dict(pod_labels)},
+                    "spec": {
+                        "nodeSelector": dict(node_selector),
+                        "containers": [{"name": name, "image": "registry.k8s.io/pause:3.9"}],
+                    },
+                },
+            },
+        }
         with self._lock:
-            if (namespace, name) in self._daemonsets:
-                raise ApiError(409, "AlreadyExists", f'daemonsets.apps "{name}" already exists')
-            ds = _DaemonSet(
-                namespace, name, str(uuid.uuid4()), dict(node_selector), dict(pod_labels), recreate, _now()
-            )
-            self._daemonsets[(namespace, name)] = ds
-            self._reconcile_daemonsets()
-            return self._daemonset_object(ds)
+            if (namespace, name) in self._bucket(DAEMONSETS):
+                raise _already_exists(DAEMONSETS, name)
+            self._ds_presets[(namespace, name)] = _DaemonState(recreate=recreate, plain=True)
+            try:
+                self._create(DAEMONSETS, namespace, body)
+            finally:
+                self._ds_presets.pop((namespace, name), None)
+            return copy.deepcopy(self._get(DAEMONSETS, namespace, name))
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         """Poll predicate (outside the lock) until it holds or timeout passes; wakes on every change."""
@@ -943,6 +1111,15 @@ class FakeApiServer:
 
     # -- store primitives (callers hold the lock) --------------------------------------------------------
 
+    def _bucket(self, rt: ResourceType) -> dict[tuple[str, str], JsonObj]:
+        return self._store.setdefault(rt.key, {})
+
+    def _type_for_key(self, key: str) -> ResourceType | None:
+        for rt in self._types.values():
+            if rt.key == key:
+                return rt
+        return None
+
     def _emit(
         self,
         kind: Literal["ADDED", "MODIFIED", "DELETED"],
@@ -950,7 +1127,7 @@ class FakeApiServer:
         obj: JsonObj,
         old: JsonObj | None,
     ) -> None:
-        event = WatchEvent(self._rv, kind, rt.plural, obj, old)
+        event = WatchEvent(self._rv, kind, rt.key, obj, old)
         if self.history > 0:
             if len(self._events) >= self.history:
                 self._horizon = self._events.popleft().rv
@@ -958,7 +1135,7 @@ class FakeApiServer:
         else:
             self._horizon = event.rv
         for w in self._watches:
-            if w.rt is rt:
+            if w.rt.key == rt.key:
                 w.pending.append(event)
         self._changed()
 
@@ -966,38 +1143,249 @@ class FakeApiServer:
         self._changes += 1
         self._cond.notify_all()
 
+    def _count_refs(self, obj: JsonObj | None, sign: int) -> None:
+        if obj is None:
+            return
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            if isinstance(ref, dict) and isinstance(ref.get("uid"), str):
+                self._referenced[ref["uid"]] += sign
+                if self._referenced[ref["uid"]] <= 0:
+                    del self._referenced[ref["uid"]]
+
     def _store_object(self, rt: ResourceType, obj: JsonObj, old: JsonObj | None) -> JsonObj:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
-        self._store[rt.plural][_key(obj)] = obj
+        self._bucket(rt)[_key(obj)] = obj
+        self._count_refs(old, -1)
+        self._count_refs(obj, +1)
         self._emit("ADDED" if old is None else "MODIFIED", rt, obj, old)
+        if rt.key == CRDS.key:
+            self._register_crd(obj)
+        elif rt is NODES:
+            self._reconcile_daemonsets(obj["metadata"]["name"])
+        elif rt is PODS:
+            if self._ds_owner(obj) is not None:
+                self._reconcile_daemonsets((obj.get("spec") or {}).get("nodeName") or None)
+        elif rt is DAEMONSETS:
+            self._reconcile_daemonsets()
         return obj
 
-    def _remove_object(self, rt: ResourceType, key: tuple[str, str]) -> JsonObj:
-        old = self._store[rt.plural].pop(key)
+    def _remove_object(self, rt: ResourceType, key: tuple[str, str], *, orphan: bool = False) -> JsonObj:
+        old = self._bucket(rt).pop(key)
         self._rv += 1
         final = copy.deepcopy(old)
         final["metadata"]["resourceVersion"] = str(self._rv)
+        self._count_refs(old, -1)
         self._emit("DELETED", rt, final, old)
+        uid = str(final["metadata"].get("uid", ""))
         if rt is PODS:
             self._pending_deletions.pop(key, None)
-            owners = {ref.get("uid") for ref in final["metadata"].get("ownerReferences") or []}
-            if any(ds.uid in owners for ds in self._daemonsets.values()):
+            self._pod_hashes.pop(uid, None)
+            if self._ds_owner(final) is not None:
                 self._reconcile_daemonsets((final.get("spec") or {}).get("nodeName"))
         elif rt is NODES:
             self._reconcile_daemonsets(key[1])
+        elif rt is DAEMONSETS:
+            self._ds_state.pop(uid, None)
+        elif rt.key == CRDS.key:
+            self._unregister_crd(final, delete_objects=True)
+        elif rt is NAMESPACES:
+            self._empty_namespace(key[1])
+        self._collect_garbage(final, orphan=orphan)
         return final
 
     def _get(self, rt: ResourceType, namespace: str | None, name: str) -> JsonObj:
-        obj = self._store[rt.plural].get((namespace or "", name))
+        obj = self._bucket(rt).get((namespace or "", name))
         if obj is None:
             raise _not_found(rt, name)
         return obj
 
+    # -- garbage collection --------------------------------------------------------------------------
+
+    def _collect_garbage(self, owner: JsonObj, *, orphan: bool) -> None:
+        """Background propagation: once an owner is gone, a dependent none of whose owners exists any
+        more is deleted (as a client would, so pods honour the deletion delay); one that still has a live
+        owner loses its dangling reference. With orphan, dependents only lose the reference."""
+        uid = owner["metadata"].get("uid")
+        if not uid or uid not in self._referenced:
+            return
+        live_uids: set[str] | None = None
+        for bucket_key, bucket in list(self._store.items()):
+            rt = self._type_for_key(bucket_key)
+            if rt is None:
+                continue
+            for key, obj in sorted(bucket.items()):
+                refs = obj["metadata"].get("ownerReferences") or []
+                if not any(isinstance(r, dict) and r.get("uid") == uid for r in refs):
+                    continue
+                if bucket.get(key) is not obj:
+                    continue  # already gone through an earlier deletion
+                if orphan:
+                    remaining = [r for r in refs if not (isinstance(r, dict) and r.get("uid") == uid)]
+                else:
+                    if live_uids is None:
+                        live_uids = {
+                            str(o["metadata"].get("uid")) for b in self._store.values() for o in b.values()
+                        }
+                    remaining = [r for r in refs if isinstance(r, dict) and r.get("uid") in live_uids]
+                    if not remaining:
+                        self.gc_deletions += 1
+                        self._delete(rt, key[0] or None, key[1])
+                        continue
+                new = copy.deepcopy(obj)
+                if remaining:
+                    new["metadata"]["ownerReferences"] = remaining
+                else:
+                    new["metadata"].pop("ownerReferences", None)
+                self._commit(rt, obj, new, dry_run=False, manager=GC_MANAGER)
+
+    def _empty_namespace(self, namespace: str) -> None:
+        for bucket_key, bucket in list(self._store.items()):
+            rt = self._type_for_key(bucket_key)
+            if rt is None or not rt.namespaced:
+                continue
+            for key in sorted(k for k in bucket if k[0] == namespace):
+                if key in bucket:
+                    self._remove_object(rt, key)
+
+    # -- custom resource definitions -----------------------------------------------------------------
+
+    def _crd_types(self, crd: JsonObj) -> list[ResourceType]:
+        name = str(crd["metadata"].get("name", ""))
+        spec = crd.get("spec")
+        if not isinstance(spec, dict):
+            raise _invalid(CRDS, name, "spec: Required value")
+        raw_names = spec.get("names")
+        names: JsonObj = raw_names if isinstance(raw_names, dict) else {}
+        group, plural, kind = spec.get("group"), names.get("plural"), names.get("kind")
+        for label, value in (("spec.group", group), ("spec.names.plural", plural), ("spec.names.kind", kind)):
+            if not isinstance(value, str) or not value:
+                raise _invalid(CRDS, name, f"{label}: Required value")
+        assert isinstance(group, str)
+        assert isinstance(plural, str)
+        assert isinstance(kind, str)
+        if name != f"{plural}.{group}":
+            raise _invalid(
+                CRDS,
+                name,
+                f'metadata.name: Invalid value: "{name}": must be spec.names.plural+"."+spec.group',
+            )
+        scope = spec.get("scope")
+        if scope not in ("Namespaced", "Cluster"):
+            raise _invalid(
+                CRDS,
+                name,
+                f'spec.scope: Unsupported value: "{scope}": supported values: "Cluster", "Namespaced"',
+            )
+        versions = spec.get("versions")
+        if not isinstance(versions, list) or not versions:
+            raise _invalid(
+                CRDS,
+                name,
+                "spec.versions: Invalid value: must have exactly one version marked as storage version",
+            )
+        storage = [v for v in versions if isinstance(v, dict) and v.get("storage")]
+        if len(storage) != 1:
+            raise _invalid(
+                CRDS,
+                name,
+                "spec.versions: Invalid value: must have exactly one version marked as storage version",
+            )
+        singular = names.get("singular") or kind.lower()
+        short = tuple(str(s) for s in names.get("shortNames") or [])
+        categories = tuple(str(c) for c in names.get("categories") or [])
+        found: list[ResourceType] = []
+        for version in versions:
+            if not isinstance(version, dict) or not isinstance(version.get("name"), str):
+                raise _invalid(CRDS, name, "spec.versions[].name: Required value")
+            if not version.get("served", True):
+                continue
+            raw_sub = version.get("subresources")
+            subresources: JsonObj = raw_sub if isinstance(raw_sub, dict) else {}
+            found.append(
+                ResourceType(
+                    plural,
+                    str(singular),
+                    kind,
+                    group,
+                    version["name"],
+                    scope == "Namespaced",
+                    _META_FIELDS,
+                    short,
+                    custom=True,
+                    status="status" in subresources,
+                    generation=True,
+                    categories=categories,
+                )
+            )
+        return found
+
+    def _crd_status(self, crd: JsonObj) -> JsonObj:
+        now = _now()
+        spec = crd.get("spec") or {}
+        names = dict(spec.get("names") or {})
+        names.setdefault("singular", str(names.get("kind", "")).lower())
+        names.setdefault("listKind", f"{names.get('kind', '')}List")
+        storage = [v["name"] for v in spec.get("versions") or [] if isinstance(v, dict) and v.get("storage")]
+        return {
+            "conditions": [
+                {
+                    "type": "NamesAccepted",
+                    "status": "True",
+                    "lastTransitionTime": now,
+                    "reason": "NoConflicts",
+                    "message": "no conflicts found",
+                },
+                {
+                    "type": "Established",
+                    "status": "True",
+                    "lastTransitionTime": now,
+                    "reason": "InitialNamesAccepted",
+                    "message": "the initial names have been accepted",
+                },
+            ],
+            "acceptedNames": names,
+            "storedVersions": storage,
+        }
+
+    def _register_crd(self, crd: JsonObj) -> None:
+        self._unregister_crd(crd, delete_objects=False)
+        registered = []
+        for rt in self._crd_types(crd):
+            ident = (rt.group, rt.version, rt.plural)
+            self._types[ident] = rt
+            registered.append(ident)
+        self._crd_registered[crd["metadata"]["name"]] = registered
+
+    def _unregister_crd(self, crd: JsonObj, *, delete_objects: bool) -> None:
+        idents = self._crd_registered.pop(crd["metadata"]["name"], [])
+        types = [self._types.pop(ident) for ident in idents if ident in self._types]
+        for ident in idents:
+            builtin = next((b for b in BUILTIN_TYPES if (b.group, b.version, b.plural) == ident), None)
+            if builtin is not None:
+                self._types[ident] = builtin
+        if delete_objects and types:
+            rt = types[0]
+            for key in sorted(self._bucket(rt)):
+                if key in self._bucket(rt):
+                    self._remove_object(rt, key)
+
     # -- verbs ---------------------------------------------------------------------------------------
 
+    def _scope(self, rt: ResourceType, subresource: str | None) -> str | None:
+        if not rt.status:
+            return None
+        return "status" if subresource == "status" else "main"
+
     def _create(
-        self, rt: ResourceType, namespace: str | None, body: Any, *, dry_run: bool = False
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        body: Any,
+        *,
+        dry_run: bool = False,
+        manager: str = SIM_MANAGER,
+        managed: bool = False,
     ) -> JsonObj:
         obj = copy.deepcopy(_object(body))
         meta = obj.setdefault("metadata", {})
@@ -1022,29 +1410,54 @@ class FakeApiServer:
                 rt, str(name), f'metadata.name: Invalid value: "{name}": a lowercase RFC 1123 subdomain'
             )
         meta["name"] = name
-        for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds"):
+        for transient in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"):
             meta.pop(transient, None)
+        if not managed:
+            meta.pop("managedFields", None)
         obj["apiVersion"] = rt.api_version
         obj["kind"] = rt.kind
+        if rt.status:
+            obj.pop("status", None)  # a status subresource: what a create says about status is dropped
+        if rt.generation:
+            meta["generation"] = 1
         if rt is PODS:
             status = obj.get("status")
             if not isinstance(status, dict):
                 obj["status"] = status = {}
             status.setdefault("phase", "Pending")
+        if rt.key == CRDS.key:
+            self._crd_types(obj)  # validates
         with self._lock:
-            if (meta.get("namespace") or "", name) in self._store[rt.plural]:
+            if (meta.get("namespace") or "", name) in self._bucket(rt):
                 raise _already_exists(rt, name)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
+            if not managed:
+                record_update(
+                    None,
+                    obj,
+                    manager=manager,
+                    api_version=rt.api_version,
+                    subresource=None,
+                    scope=self._scope(rt, None),
+                    now=_now(),
+                )
+            if rt.key == CRDS.key:
+                obj["status"] = self._crd_status(obj)
             if dry_run:
                 return obj
-            self._store_object(rt, obj, None)
-            if rt is NODES:
-                self._reconcile_daemonsets(name)
-            return obj
+            return self._store_object(rt, obj, None)
 
     def _update(
-        self, rt: ResourceType, namespace: str | None, name: str, body: Any, *, dry_run: bool = False
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        dry_run: bool = False,
+        subresource: str | None = None,
+        manager: str = SIM_MANAGER,
     ) -> JsonObj:
         new = copy.deepcopy(_object(body))
         meta = new.setdefault("metadata", {})
@@ -1061,24 +1474,67 @@ class FakeApiServer:
             wanted = meta.get("resourceVersion")
             if wanted not in (None, "") and str(wanted) != _rv_of(old):
                 raise _conflict(rt, name, _MODIFIED)
-            return self._commit(rt, old, new, dry_run=dry_run)
+            return self._commit(rt, old, new, dry_run=dry_run, subresource=subresource, manager=manager)
 
-    def _commit(self, rt: ResourceType, old: JsonObj, new: JsonObj, *, dry_run: bool) -> JsonObj:
-        """Store `new` in place of `old`, keeping what a client cannot change; a no-op writes nothing."""
+    def _commit(
+        self,
+        rt: ResourceType,
+        old: JsonObj,
+        new: JsonObj,
+        *,
+        dry_run: bool,
+        subresource: str | None = None,
+        manager: str = SIM_MANAGER,
+        managed: bool = False,
+    ) -> JsonObj:
+        """Store `new` in place of `old`, keeping what a client cannot change; a no-op writes nothing.
+
+        Through /status only status changes; through the main resource of a type with a status
+        subresource, status keeps its old value. `managed`: new's managedFields are already right."""
+        applied_fields = copy.deepcopy(new.get("metadata", {}).get("managedFields")) if managed else None
+        if rt.status and subresource == "status":
+            status = new.get("status")
+            new = copy.deepcopy(old)
+            if status is None:
+                new.pop("status", None)
+            else:
+                new["status"] = copy.deepcopy(status)
+        elif rt.status:
+            new.pop("status", None)
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
         new["apiVersion"] = rt.api_version
         new["kind"] = rt.kind
         meta = new.setdefault("metadata", {})
-        for kept in _KEPT_ON_WRITE:
+        for kept in (*_KEPT_ON_WRITE, "generation", "managedFields"):
             if kept in old["metadata"]:
-                meta[kept] = old["metadata"][kept]
+                meta[kept] = copy.deepcopy(old["metadata"][kept])
             else:
                 meta.pop(kept, None)
-        if new == old or dry_run:
+        if rt.generation and _spec_part(new) != _spec_part(old):
+            meta["generation"] = int(old["metadata"].get("generation") or 0) + 1
+        if managed:
+            if applied_fields:
+                meta["managedFields"] = applied_fields
+            else:
+                meta.pop("managedFields", None)
+        else:
+            record_update(
+                old,
+                new,
+                manager=manager,
+                api_version=rt.api_version,
+                subresource=subresource if rt.status else None,
+                scope=self._scope(rt, subresource),
+                now=_now(),
+            )
+        if rt.key == CRDS.key:
+            self._crd_types(new)  # validates
+        if same_ignoring_time(new, old):
+            return old
+        if dry_run:
             return new
-        self._store_object(rt, new, old)
-        if rt is NODES:
-            self._reconcile_daemonsets(meta["name"])
-        return new
+        return self._store_object(rt, new, old)
 
     def _patch(
         self,
@@ -1089,6 +1545,8 @@ class FakeApiServer:
         patch_type: Literal["merge", "strategic", "json"],
         *,
         dry_run: bool = False,
+        subresource: str | None = None,
+        manager: str = SIM_MANAGER,
     ) -> JsonObj:
         if patch_type != "json" and not isinstance(patch, dict):
             raise _bad_request("the body of the request must be a JSON object")
@@ -1115,7 +1573,100 @@ class FakeApiServer:
             wanted = meta.get("resourceVersion")
             if wanted not in (None, "") and str(wanted) != _rv_of(old):
                 raise _conflict(rt, name, _MODIFIED)
-            return self._commit(rt, old, new, dry_run=dry_run)
+            return self._commit(rt, old, new, dry_run=dry_run, subresource=subresource, manager=manager)
+
+    def _apply(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        manager: str | None,
+        force: bool,
+        subresource: str | None = None,
+        dry_run: bool = False,
+    ) -> tuple[int, JsonObj]:
+        """Server-side apply: (201, created) or (200, updated); see fieldmanager for the model."""
+        if not manager:
+            raise ApiError(
+                422,
+                "Invalid",
+                'PatchOptions.meta.k8s.io "" is invalid: '
+                "fieldManager: Required value: is required for apply patch",
+                {
+                    "group": "meta.k8s.io",
+                    "kind": "PatchOptions",
+                    "causes": [
+                        {
+                            "reason": "FieldValueRequired",
+                            "message": "Required value: is required for apply patch",
+                            "field": "fieldManager",
+                        }
+                    ],
+                },
+            )
+        applied = _object(body)
+        if applied.get("apiVersion") != rt.api_version:
+            raise _bad_request(
+                "Incorrect version specified in apply patch. "
+                f"Specified patch version: {applied.get('apiVersion', '')}, expected: {rt.api_version}"
+            )
+        if applied.get("kind") != rt.kind:
+            raise _bad_request(
+                "Incorrect kind specified in apply patch. "
+                f"Specified patch kind: {applied.get('kind', '')}, expected: {rt.kind}"
+            )
+        meta = applied.get("metadata") or {}
+        if meta.get("name", name) != name:
+            raise _bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
+        if rt.namespaced and meta.get("namespace", namespace) != namespace:
+            raise _bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
+        scope = self._scope(rt, subresource)
+        with self._lock:
+            old = self._bucket(rt).get((namespace or "", name))
+            if old is None:
+                if subresource:
+                    raise _not_found(rt, name)
+                skeleton_meta: JsonObj = {"name": name}
+                if rt.namespaced:
+                    skeleton_meta["namespace"] = namespace
+                skeleton = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": skeleton_meta}
+                created = fieldmanager_apply(
+                    skeleton,
+                    applied,
+                    manager=manager,
+                    force=force,
+                    api_version=rt.api_version,
+                    subresource=None,
+                    scope=scope,
+                    now=_now(),
+                )
+                return 201, self._create(rt, namespace, created, dry_run=dry_run, managed=True)
+            try:
+                result = fieldmanager_apply(
+                    old,
+                    applied,
+                    manager=manager,
+                    force=force,
+                    api_version=rt.api_version,
+                    subresource=subresource if rt.status else None,
+                    scope=scope,
+                    now=_now(),
+                )
+            except ApplyConflict as exc:
+                self.apply_conflicts += 1
+                raise ApiError(
+                    409, "Conflict", str(exc), {"causes": conflict_causes(exc.conflicts)}
+                ) from None
+            committed = self._commit(
+                rt, old, result, dry_run=dry_run, subresource=subresource, manager=manager, managed=True
+            )
+            return 200, committed
 
     def _delete(
         self,
@@ -1126,6 +1677,7 @@ class FakeApiServer:
         grace: float | None = None,
         preconditions: Mapping[str, Any] | None = None,
         dry_run: bool = False,
+        propagation: str | None = None,
     ) -> JsonObj:
         with self._lock:
             old = self._get(rt, namespace, name)
@@ -1151,7 +1703,7 @@ class FakeApiServer:
                 new["metadata"]["deletionGracePeriodSeconds"] = math.ceil(delay)
                 self._pending_deletions[_key(old)] = time.monotonic() + delay
                 return self._store_object(rt, new, old)
-            return self._remove_object(rt, _key(old))
+            return self._remove_object(rt, _key(old), orphan=propagation == "Orphan")
 
     def _list(
         self,
@@ -1162,7 +1714,9 @@ class FakeApiServer:
     ) -> JsonObj:
         probe = _Watch(rt, namespace, labels, fields, None)
         with self._lock:
-            items = [obj for _, obj in sorted(self._store[rt.plural].items()) if probe.visible(obj)]
+            items = [
+                _as_version(rt, obj) for _, obj in sorted(self._bucket(rt).items()) if probe.visible(obj)
+            ]
             return {
                 "kind": f"{rt.kind}List",
                 "apiVersion": rt.api_version,
@@ -1184,116 +1738,224 @@ class FakeApiServer:
                 upcoming = min(self._pending_deletions.values(), default=now + 1.0)
                 self._cond.wait(max(0.001, min(upcoming - time.monotonic(), 1.0)))
 
+    def _ds_owner(self, pod: JsonObj) -> JsonObj | None:
+        daemonsets = self._bucket(DAEMONSETS)
+        if not daemonsets:
+            return None
+        namespace = pod["metadata"].get("namespace") or ""
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            if isinstance(ref, dict) and ref.get("kind") == "DaemonSet":
+                ds = daemonsets.get((namespace, str(ref.get("name"))))
+                if ds is not None and ds["metadata"].get("uid") == ref.get("uid"):
+                    return ds
+        return None
+
     def _reconcile_daemonsets(self, node_name: str | None = None) -> None:
-        if self._reconciling or not self._daemonsets:
+        """Run the DaemonSet controller until nothing changes: place and remove pods (node selector,
+        taints vs tolerations), roll out template changes, record ControllerRevisions, write status."""
+        if self._reconciling:
+            self._ds_dirty = True
+            return
+        if not self._bucket(DAEMONSETS):
             return
         self._reconciling = True
         try:
-            names = [node_name] if node_name else [key[1] for key in sorted(self._store["nodes"])]
-            for ds in list(self._daemonsets.values()):
-                for name in names:
-                    self._reconcile_node(ds, name)
+            for _ in range(10_000):
+                self._ds_dirty = False
+                for key in sorted(self._bucket(DAEMONSETS)):
+                    ds = self._bucket(DAEMONSETS).get(key)
+                    if ds is not None:
+                        self._sync_daemonset(ds, node_name)
+                for key in sorted(self._bucket(DAEMONSETS)):
+                    ds = self._bucket(DAEMONSETS).get(key)
+                    if ds is not None:
+                        self._daemonset_status(ds)
+                if not self._ds_dirty:
+                    break
         finally:
             self._reconciling = False
 
-    def _daemon_pods(self, ds: _DaemonSet, node_name: str) -> list[JsonObj]:
-        return [
-            pod
-            for (namespace, _), pod in sorted(self._store["pods"].items())
-            if namespace == ds.namespace
-            and (pod.get("spec") or {}).get("nodeName") == node_name
-            and any(ref.get("uid") == ds.uid for ref in pod["metadata"].get("ownerReferences") or [])
-        ]
+    def _daemon_pods(self, ds: JsonObj) -> dict[str, list[JsonObj]]:
+        uid = ds["metadata"].get("uid")
+        namespace = ds["metadata"].get("namespace") or ""
+        by_node: dict[str, list[JsonObj]] = {}
+        for (pod_namespace, _), pod in sorted(self._store["pods"].items()):
+            if pod_namespace != namespace:
+                continue
+            if any(ref.get("uid") == uid for ref in pod["metadata"].get("ownerReferences") or []):
+                by_node.setdefault((pod.get("spec") or {}).get("nodeName") or "", []).append(pod)
+        return by_node
 
-    def _reconcile_node(self, ds: _DaemonSet, node_name: str) -> None:
-        node = self._store["nodes"].get(("", node_name))
-        labels = (node or {}).get("metadata", {}).get("labels") or {}
-        matches = node is not None and all(labels.get(k) == v for k, v in ds.node_selector.items())
-        pods = self._daemon_pods(ds, node_name)
-        if not matches:
-            for pod in pods:
-                if "deletionTimestamp" not in pod["metadata"]:
-                    self._delete(PODS, ds.namespace, pod["metadata"]["name"])
+    def _pod_hash(self, pod: JsonObj) -> str | None:
+        uid = str(pod["metadata"].get("uid"))
+        return self._pod_hashes.get(uid) or (pod["metadata"].get("labels") or {}).get(
+            "controller-revision-hash"
+        )
+
+    def _ds_revision(self, ds: JsonObj, template: JsonObj) -> str:
+        """The current template's hash; its ControllerRevision created (or renumbered) as needed."""
+        current = template_hash(template)
+        meta = ds["metadata"]
+        namespace, uid = meta.get("namespace") or "", meta.get("uid")
+        bucket = self._bucket(CONTROLLER_REVISIONS)
+        owned = [
+            cr
+            for (cr_namespace, _), cr in bucket.items()
+            if cr_namespace == namespace
+            and any(ref.get("uid") == uid for ref in cr["metadata"].get("ownerReferences") or [])
+        ]
+        top = max((int(cr.get("revision") or 0) for cr in owned), default=0)
+        name = f"{meta['name']}-{current}"
+        existing = bucket.get((namespace, name))
+        if existing is None:
+            labels = dict((template.get("metadata") or {}).get("labels") or {})
+            labels["controller-revision-hash"] = current
+            revision = {
+                "apiVersion": "apps/v1",
+                "kind": "ControllerRevision",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": labels,
+                    "ownerReferences": [_controller_ref(ds)],
+                },
+                "data": {"spec": {"template": {**copy.deepcopy(template), "$patch": "replace"}}},
+                "revision": top + 1,
+            }
+            self._create(CONTROLLER_REVISIONS, namespace, revision, manager=CONTROLLER_MANAGER)
+        elif int(existing.get("revision") or 0) < top:
+            renumbered = copy.deepcopy(existing)
+            renumbered["revision"] = top + 1
+            self._commit(
+                CONTROLLER_REVISIONS, existing, renumbered, dry_run=False, manager=CONTROLLER_MANAGER
+            )
+        return current
+
+    def _sync_daemonset(self, ds: JsonObj, node_name: str | None) -> None:
+        meta = ds["metadata"]
+        if "deletionTimestamp" in meta:
             return
-        if pods or (not ds.recreate and node_name in ds.placed):
+        uid = str(meta.get("uid"))
+        state = self._ds_state.get(uid)
+        if state is None:
+            state = self._ds_presets.pop((meta.get("namespace") or "", meta["name"]), None) or _DaemonState()
+            self._ds_state[uid] = state
+        spec = ds.get("spec") or {}
+        template = spec.get("template") or {}
+        pod_spec = template.get("spec") or {}
+        current = self._ds_revision(ds, template)
+        nodes = self._store["nodes"]
+        names = [node_name] if node_name else [key[1] for key in sorted(nodes)]
+        by_node = self._daemon_pods(ds)
+        for name in names:
+            node = nodes.get(("", name))
+            pods = by_node.get(name, [])
+            place, keep = should_run(pod_spec, node) if node is not None else (False, False)
+            if not keep:
+                for pod in pods:
+                    if "deletionTimestamp" not in pod["metadata"]:
+                        self._delete(PODS, meta["namespace"], pod["metadata"]["name"])
+                continue
+            if pods or not place or (not state.recreate and name in state.placed):
+                continue
+            state.placed.add(name)
+            self._place_pod(ds, state, template, current, name)
+        strategy = spec.get("updateStrategy") or {}
+        if (strategy.get("type") or "RollingUpdate") != "RollingUpdate":
             return
-        ds.placed.add(node_name)
-        while True:
-            pod_name = f"{ds.name}-{_suffix()}"
-            if (ds.namespace, pod_name) not in self._store["pods"]:
+        by_node = self._daemon_pods(ds)
+        desired = 0
+        unavailable = 0
+        outdated: list[JsonObj] = []
+        for (_, name), node in sorted(nodes.items()):
+            place, keep = should_run(pod_spec, node)
+            live = [p for p in by_node.get(name, []) if "deletionTimestamp" not in p["metadata"]]
+            if not (place or (keep and live)):
+                continue
+            desired += 1
+            if not any(pod_ready(p) for p in live):
+                unavailable += 1
+            outdated.extend(p for p in live if self._pod_hash(p) != current)
+        rolling = strategy.get("rollingUpdate") or {}
+        budget = _max_unavailable(rolling.get("maxUnavailable", 1), desired) - unavailable
+        outdated.sort(key=pod_ready)  # the not-ready ones first: replacing them costs nothing
+        for pod in outdated:
+            if budget <= 0 and pod_ready(pod):
                 break
+            if pod_ready(pod):
+                budget -= 1
+            self._delete(PODS, meta["namespace"], pod["metadata"]["name"])
+
+    def _place_pod(
+        self, ds: JsonObj, state: _DaemonState, template: JsonObj, current: str, node: str
+    ) -> None:
+        meta = ds["metadata"]
+        namespace = meta["namespace"]
+        while True:
+            pod_name = f"{meta['name']}-{_suffix()}"
+            if (namespace, pod_name) not in self._store["pods"]:
+                break
+        template_meta = template.get("metadata") or {}
+        labels = dict(template_meta.get("labels") or {})
+        if not state.plain:
+            labels["controller-revision-hash"] = current
+            labels["pod-template-generation"] = str(meta.get("generation") or 1)
+        pod_meta: JsonObj = {
+            "name": pod_name,
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [_controller_ref(ds)],
+        }
+        if template_meta.get("annotations"):
+            pod_meta["annotations"] = copy.deepcopy(template_meta["annotations"])
+        spec = copy.deepcopy(template.get("spec") or {})
+        spec["nodeName"] = node
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": ds.namespace,
-                "labels": dict(ds.pod_labels),
-                "ownerReferences": [
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "DaemonSet",
-                        "name": ds.name,
-                        "uid": ds.uid,
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
-            },
-            "spec": {
-                "nodeName": node_name,
-                "nodeSelector": dict(ds.node_selector),
-                "containers": [{"name": ds.name, "image": "registry.k8s.io/pause:3.9"}],
-            },
+            "metadata": pod_meta,
+            "spec": spec,
             "status": {"phase": "Running"},
         }
-        self._create(PODS, ds.namespace, pod)
+        created = self._create(PODS, namespace, pod, manager=CONTROLLER_MANAGER)
+        self._pod_hashes[str(created["metadata"]["uid"])] = current
 
-    def _daemonset_object(self, ds: _DaemonSet) -> JsonObj:
-        matching = [
-            name
-            for (_, name), node in sorted(self._store["nodes"].items())
-            if all((node["metadata"].get("labels") or {}).get(k) == v for k, v in ds.node_selector.items())
-        ]
-        scheduled = [name for name in matching if self._daemon_pods(ds, name)]
-        ready = sum(
-            1
-            for name in matching
-            for pod in self._daemon_pods(ds, name)
-            if "deletionTimestamp" not in pod["metadata"]
-            and (pod.get("status") or {}).get("phase") == "Running"
-        )
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "DaemonSet",
-            "metadata": {
-                "name": ds.name,
-                "namespace": ds.namespace,
-                "uid": ds.uid,
-                "generation": 1,
-                "creationTimestamp": ds.created,
-                "resourceVersion": str(self._rv),
-            },
-            "spec": {
-                "selector": {"matchLabels": dict(ds.pod_labels)},
-                "template": {
-                    "metadata": {"labels": dict(ds.pod_labels)},
-                    "spec": {
-                        "nodeSelector": dict(ds.node_selector),
-                        "containers": [{"name": ds.name, "image": "registry.k8s.io/pause:3.9"}],
-                    },
-                },
-            },
-            "status": {
-                "desiredNumberScheduled": len(matching),
-                "currentNumberScheduled": len(scheduled),
-                "updatedNumberScheduled": len(scheduled),
-                "numberReady": ready,
-                "numberAvailable": ready,
-                "numberMisscheduled": 0,
-                "observedGeneration": 1,
-            },
+    def _daemonset_status(self, ds: JsonObj) -> None:
+        spec = ds.get("spec") or {}
+        template = spec.get("template") or {}
+        pod_spec = template.get("spec") or {}
+        current = template_hash(template)
+        by_node = self._daemon_pods(ds)
+        desired = scheduled = misscheduled = ready = updated = 0
+        for (_, name), node in sorted(self._store["nodes"].items()):
+            place, keep = should_run(pod_spec, node)
+            live = [p for p in by_node.get(name, []) if "deletionTimestamp" not in p["metadata"]]
+            if place or (keep and live):
+                desired += 1
+                if live:
+                    scheduled += 1
+                    if any(pod_ready(p) for p in live):
+                        ready += 1
+                    if any(self._pod_hash(p) == current for p in live):
+                        updated += 1
+            elif live:
+                misscheduled += 1
+        status: JsonObj = {
+            "currentNumberScheduled": scheduled,
+            "desiredNumberScheduled": desired,
+            "numberAvailable": ready,
+            "numberMisscheduled": misscheduled,
+            "numberReady": ready,
+            "observedGeneration": int(ds["metadata"].get("generation") or 1),
+            "updatedNumberScheduled": updated,
         }
+        if desired > ready:
+            status["numberUnavailable"] = desired - ready
+        if ds.get("status") == status:
+            return
+        new = copy.deepcopy(ds)
+        new["status"] = status
+        self._commit(DAEMONSETS, ds, new, dry_run=False, subresource="status", manager=CONTROLLER_MANAGER)
 
     # -- HTTP ----------------------------------------------------------------------------------------
 
@@ -1363,6 +2025,7 @@ class FakeApiServer:
         body: bytes,
         authorization: str | None,
         conn: socket.socket | None,
+        user_agent: str | None = None,
     ) -> _Reply | _WatchReply:
         split = urlsplit(target)
         query = dict(parse_qsl(split.query, keep_blank_values=True))
@@ -1378,27 +2041,10 @@ class FakeApiServer:
             if method != "GET":
                 raise _method_not_allowed()
             return _Reply(200, discovery)
-        if (
-            len(segments) == 7
-            and segments[:4] == ["apis", "apps", "v1", "namespaces"]
-            and segments[5] == "daemonsets"
-        ):
-            if method != "GET":
-                raise _method_not_allowed()
-            with self._lock:
-                ds = self._daemonsets.get((segments[4], segments[6]))
-                if ds is None:
-                    raise ApiError(
-                        404,
-                        "NotFound",
-                        f'daemonsets.apps "{segments[6]}" not found',
-                        {"name": segments[6], "group": "apps", "kind": "daemonsets"},
-                    )
-                return _Reply(200, self._daemonset_object(ds))
-        parsed = _parse_target(segments)
+        parsed = self._parse_target(segments)
         if parsed is None:
             raise _route_not_found()
-        return self._serve_resource(method, parsed, query, content_type, body, conn, is_watch)
+        return self._serve_resource(method, parsed, query, content_type, body, conn, is_watch, user_agent)
 
     def _serve_resource(
         self,
@@ -1409,10 +2055,13 @@ class FakeApiServer:
         body: bytes,
         conn: socket.socket | None,
         is_watch: bool,
+        user_agent: str | None = None,
     ) -> _Reply | _WatchReply:
         rt = t.rt
         dry_run = "dryRun" in query
-        if t.subresource:
+        if t.subresource == "status":
+            verb = {"GET": "get", "PUT": "update", "PATCH": "patch"}.get(method)
+        elif t.subresource:
             verb = {"POST": "create"}.get(method)
         elif t.name is None:  # a collection; deletecollection is not served
             verb = {"GET": "watch" if is_watch else "list", "POST": "create"}.get(method)
@@ -1422,6 +2071,12 @@ class FakeApiServer:
             raise _method_not_allowed()
         resource = f"{rt.plural}/{t.subresource}" if t.subresource else rt.plural
         self._check_forbidden(verb, resource, t)
+        with self._lock:
+            self.request_counts[
+                (verb, f"{rt.qualified}/{t.subresource}" if t.subresource else rt.qualified)
+            ] += 1
+        manager = _field_manager(query, user_agent)
+        status_sub = "status" if t.subresource == "status" else None
 
         if verb in ("list", "watch"):
             try:
@@ -1438,7 +2093,7 @@ class FakeApiServer:
         if verb == "get":
             assert t.name is not None
             with self._lock:
-                return _Reply(200, self._get(rt, t.namespace, t.name))
+                return _Reply(200, _as_version(rt, self._get(rt, t.namespace, t.name)))
         if verb in ("create", "update"):
             if _media_type(content_type) not in ("", "application/json", "*/*"):
                 raise _unsupported_media(content_type or "", "application/json")
@@ -1447,15 +2102,39 @@ class FakeApiServer:
                 assert t.name is not None
                 return self._evict(t, parsed)
             if verb == "create":
-                return _Reply(201, self._create(rt, t.namespace, parsed, dry_run=dry_run))
+                return _Reply(201, self._create(rt, t.namespace, parsed, dry_run=dry_run, manager=manager))
             assert t.name is not None
-            return _Reply(200, self._update(rt, t.namespace, t.name, parsed, dry_run=dry_run))
+            updated = self._update(
+                rt, t.namespace, t.name, parsed, dry_run=dry_run, subresource=status_sub, manager=manager
+            )
+            return _Reply(200, updated)
         assert t.name is not None
         if verb == "patch":
             patch_type = self._patch_type(rt, content_type)
-            return _Reply(
-                200, self._patch(rt, t.namespace, t.name, _parse_json(body), patch_type, dry_run=dry_run)
+            if patch_type == "apply":
+                force = query.get("force", "").lower() in ("true", "1")
+                code, applied = self._apply(
+                    rt,
+                    t.namespace,
+                    t.name,
+                    _parse_json(body),
+                    manager=query.get("fieldManager"),
+                    force=force,
+                    subresource=status_sub,
+                    dry_run=dry_run,
+                )
+                return _Reply(code, applied)
+            patched = self._patch(
+                rt,
+                t.namespace,
+                t.name,
+                _parse_json(body),
+                patch_type,
+                dry_run=dry_run,
+                subresource=status_sub,
+                manager=manager,
             )
+            return _Reply(200, patched)
         options = _parse_json(body) if body.strip() else {}
         if not isinstance(options, dict):
             raise _bad_request("DeleteOptions must be a JSON object")
@@ -1464,29 +2143,35 @@ class FakeApiServer:
             grace = None if grace_text in (None, "") else float(grace_text)
         except (TypeError, ValueError):
             raise _bad_request(f"invalid gracePeriodSeconds {grace_text!r}") from None
+        propagation = query.get("propagationPolicy") or options.get("propagationPolicy")
+        if propagation not in (None, "Orphan", "Background", "Foreground"):
+            raise _bad_request(f'invalid propagationPolicy "{propagation}"')
         deleted = self._delete(
-            rt, t.namespace, t.name, grace=grace, preconditions=options.get("preconditions"), dry_run=dry_run
+            rt,
+            t.namespace,
+            t.name,
+            grace=grace,
+            preconditions=options.get("preconditions"),
+            dry_run=dry_run,
+            propagation=propagation,
         )
         return _Reply(200, deleted)
 
     def _patch_type(
         self, rt: ResourceType, content_type: str | None
-    ) -> Literal["merge", "strategic", "json"]:
+    ) -> Literal["merge", "strategic", "json", "apply"]:
         media = _media_type(content_type)
-        accepted = "application/json-patch+json, application/merge-patch+json"
-        if rt.group and not self.strategic_merge_for_crds:
-            if media == "application/json-patch+json":
-                return "json"
-            if media == "application/merge-patch+json":
-                return "merge"
-            raise _unsupported_media(media, accepted)
-        types: dict[str, Literal["merge", "strategic", "json"]] = {
-            "application/merge-patch+json": "merge",
-            "application/strategic-merge-patch+json": "strategic",
+        accepted = "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+        types: dict[str, Literal["merge", "strategic", "json", "apply"]] = {
             "application/json-patch+json": "json",
+            "application/merge-patch+json": "merge",
+            "application/apply-patch+yaml": "apply",
         }
+        if not rt.custom or self.strategic_merge_for_crds:
+            types["application/strategic-merge-patch+json"] = "strategic"
+            accepted = f"{accepted}, application/strategic-merge-patch+json"
         if media not in types:
-            raise _unsupported_media(media, f"{accepted}, application/strategic-merge-patch+json")
+            raise _unsupported_media(media, accepted)
         return types[media]
 
     def _evict(self, t: _Target, body: Any) -> _Reply:
@@ -1533,8 +2218,8 @@ class FakeApiServer:
         w = _Watch(rt, namespace, labels, fields, conn)
         with self._lock:
             if since in ("", "0"):
-                for _, obj in sorted(self._store[rt.plural].items()):
-                    w.pending.append(WatchEvent(int(_rv_of(obj)), "ADDED", rt.plural, obj, None))
+                for _, obj in sorted(self._bucket(rt).items()):
+                    w.pending.append(WatchEvent(int(_rv_of(obj)), "ADDED", rt.key, obj, None))
             else:
                 try:
                     start = int(since)
@@ -1545,7 +2230,7 @@ class FakeApiServer:
                         410, "Expired", f"too old resource version: {start} ({self._horizon})"
                     )
                     return _WatchReply(None, timeout, bookmarks, {"type": "ERROR", "object": expired})
-                w.pending.extend(e for e in self._events if e.rv > start and e.resource == rt.plural)
+                w.pending.extend(e for e in self._events if e.rv > start and e.resource == rt.key)
             self._watches.append(w)
             self.watches_opened += 1
             self._changed()
@@ -1625,20 +2310,30 @@ class FakeApiServer:
                     self._watches.remove(w)
                 self._changed()
 
+    def _groups(self) -> dict[str, list[str]]:
+        """Every API group (not the core one) and its versions, the preferred first."""
+        versions: dict[str, set[str]] = {"policy": {"v1"}}
+        for group, version, _ in self._types:
+            if group:
+                versions.setdefault(group, set()).add(version)
+        return {g: sorted(v, key=_version_priority) for g, v in sorted(versions.items())}
+
     def _discovery(self, segments: list[str]) -> JsonObj | None:
         def group_version(group: str, version: str) -> JsonObj:
             return {"groupVersion": f"{group}/{version}", "version": version}
 
-        groups = {"apps": "v1", "policy": "v1", NFD_GROUP: "v1alpha1"}
+        with self._lock:
+            groups = self._groups()
+            types = list(self._types.values())
 
         def api_group(name: str) -> JsonObj:
-            gv = group_version(name, groups[name])
+            listed = [group_version(name, v) for v in groups[name]]
             return {
                 "kind": "APIGroup",
                 "apiVersion": "v1",
                 "name": name,
-                "versions": [gv],
-                "preferredVersion": gv,
+                "versions": listed,
+                "preferredVersion": listed[0],
             }
 
         def resource(rt: ResourceType, verbs: list[str]) -> JsonObj:
@@ -1651,7 +2346,27 @@ class FakeApiServer:
             }
             if rt.short_names:
                 entry["shortNames"] = list(rt.short_names)
+            if rt.categories:
+                entry["categories"] = list(rt.categories)
             return entry
+
+        def resources(group: str, version: str) -> list[JsonObj]:
+            found: list[JsonObj] = []
+            for rt in sorted(types, key=lambda r: r.plural):
+                if (rt.group, rt.version) != (group, version):
+                    continue
+                found.append(resource(rt, crud))
+                if rt.status:
+                    found.append(
+                        {
+                            "name": f"{rt.plural}/status",
+                            "singularName": "",
+                            "namespaced": rt.namespaced,
+                            "kind": rt.kind,
+                            "verbs": ["get", "patch", "update"],
+                        }
+                    )
+            return found
 
         crud = ["create", "delete", "get", "list", "patch", "update", "watch"]
         match segments:
@@ -1687,60 +2402,57 @@ class FakeApiServer:
                 return {
                     "kind": "APIResourceList",
                     "groupVersion": "v1",
-                    "resources": [resource(NODES, crud), resource(PODS, crud), eviction],
+                    "resources": [*resources("", "v1"), eviction],
                 }
             case ["apis"]:
                 return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [api_group(g) for g in groups]}
             case ["apis", group] if group in groups:
                 return api_group(group)
-            case ["apis", group, version] if groups.get(group) == version:
-                resources: list[JsonObj] = []
-                if group == NFD_GROUP:
-                    resources = [resource(NODE_FEATURES, crud)]
-                elif group == "apps":
-                    resources = [
-                        {
-                            "name": "daemonsets",
-                            "singularName": "daemonset",
-                            "namespaced": True,
-                            "kind": "DaemonSet",
-                            "verbs": ["get"],
-                            "shortNames": ["ds"],
-                        }
-                    ]
+            case ["apis", group, version] if version in groups.get(group, []):
                 return {
                     "kind": "APIResourceList",
                     "apiVersion": "v1",
                     "groupVersion": f"{group}/{version}",
-                    "resources": resources,
+                    "resources": resources(group, version),
                 }
         return None
 
+    def _parse_target(self, segments: list[str]) -> _Target | None:
+        if segments[:2] == ["api", "v1"]:
+            group, version, rest = "", "v1", segments[2:]
+        elif len(segments) >= 3 and segments[0] == "apis":
+            group, version, rest = segments[1], segments[2], segments[3:]
+        else:
+            return None
+        namespace: str | None = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if not rest or len(rest) > 3:
+            return None
+        with self._lock:
+            rt = self._types.get((group, version, rest[0]))
+        if rt is None:
+            return None
+        if namespace is not None and not rt.namespaced:
+            return None  # a cluster-scoped resource under a namespace
+        if namespace is None and rt.namespaced and len(rest) > 1:
+            return None  # a namespaced object needs its namespace
+        name = rest[1] if len(rest) > 1 else None
+        subresource = rest[2] if len(rest) > 2 else None
+        if subresource is not None and not (
+            (rt is PODS and subresource == "eviction") or (rt.status and subresource == "status")
+        ):
+            return None
+        return _Target(rt, namespace, name, subresource)
 
-def _parse_target(segments: list[str]) -> _Target | None:
-    if segments[:2] == ["api", "v1"]:
-        group, version, rest = "", "v1", segments[2:]
-    elif len(segments) >= 3 and segments[0] == "apis":
-        group, version, rest = segments[1], segments[2], segments[3:]
-    else:
-        return None
-    namespace: str | None = None
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        namespace, rest = rest[1], rest[2:]
-    if not rest or len(rest) > 3:
-        return None
-    rt = RESOURCES.get(rest[0])
-    if rt is None or (rt.group, rt.version) != (group, version):
-        return None
-    if namespace is not None and not rt.namespaced:
-        return None  # a cluster-scoped resource under a namespace
-    if namespace is None and rt.namespaced and len(rest) > 1:
-        return None  # a namespaced object needs its namespace
-    name = rest[1] if len(rest) > 1 else None
-    subresource = rest[2] if len(rest) > 2 else None
-    if subresource is not None and (rt is not PODS or subresource != "eviction"):
-        return None
-    return _Target(rt, namespace, name, subresource)
+
+def _version_priority(version: str) -> tuple[int, int, int, str]:
+    """Kubernetes' version order: GA before beta before alpha, higher numbers first, others last."""
+    m = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
+    if not m:
+        return (3, 0, 0, version)
+    stage = {None: 0, "beta": 1, "alpha": 2}[m.group(2)]
+    return (stage, -int(m.group(1)), -int(m.group(3) or 0), version)
 
 
 class _HttpServer(ThreadingHTTPServer):
@@ -1814,6 +2526,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body,
                 self.headers.get("Authorization"),
                 self.connection,
+                self.headers.get("User-Agent"),
             )
         except ApiError as err:
             reply = _Reply(err.code, err.status(), err.headers)
