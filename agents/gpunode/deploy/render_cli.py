@@ -8,6 +8,9 @@
 followed). ``--operator`` prints the install of gpunode-operator instead (the ClusterPolicy CRD, the
 namespace, the operator with its RBAC, NFD, and the policy itself); with ``-o DIR`` as ``1-crds.yaml``,
 ``2-operator.yaml``, ``3-nfd.yaml`` and ``4-clusterpolicy.yaml`` (apply order).
+``--values FILE`` reads the GPU Operator Helm chart's values instead of a ClusterPolicy and maps them as
+NVIDIA's chart does (:mod:`gpunode.api.helm_values`; a key the chart does not have is a warning naming its
+YAML path); it cannot be combined with ``--policy``.
 ``--images`` prints the images the policy needs, one a line (for air-gapped mirroring). Exit 2 for a
 malformed policy (file, YAML path, reason), or with ``--strict`` for unknown or unsupported fields.
 """
@@ -21,7 +24,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpunode.api.clusterpolicy import load_policy
+from gpunode.api.clusterpolicy import LoadedPolicy, load_policy
+from gpunode.api.helm_values import LoadedValues, load_values
 from gpunode.common.atomic import atomic_write
 from gpunode.common.errors import ConfigError
 from gpunode.common.settings import SettingsParser, setting
@@ -37,7 +41,13 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 class RenderSettings:
     """`gpunode render`'s flags (no env vars: a policy file says everything)."""
 
-    policy: str = setting("--policy", required=True, metavar="FILE", help="a ClusterPolicy YAML file")
+    policy: str | None = setting("--policy", metavar="FILE", help="a ClusterPolicy YAML file")
+    values: str | None = setting(
+        "--values",
+        metavar="FILE",
+        help="the GPU Operator Helm chart's values, mapped to a ClusterPolicy as NVIDIA's chart does "
+        "(instead of --policy)",
+    )
     strict: bool = setting(
         "--strict",
         type=bool,
@@ -95,13 +105,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not _DNS_LABEL.match(args.namespace):
         print(f"gpunode render: error: --namespace {args.namespace!r}: not a DNS label", file=sys.stderr)
         return 2
+    if args.policy is not None and args.values is not None:
+        print("gpunode render: error: argument --values: not allowed with argument --policy", file=sys.stderr)
+        return 2
+    source = args.values if args.values is not None else args.policy
+    if source is None:
+        print("gpunode render: error: one of the arguments --policy --values is required", file=sys.stderr)
+        return 2
     try:
-        loaded = load_policy(args.policy, strict=args.strict)
+        if args.values is not None:
+            loaded: LoadedPolicy | LoadedValues = load_values(args.values, strict=args.strict)
+        else:
+            loaded = load_policy(source, strict=args.strict)
     except ConfigError as exc:
         print(f"gpunode render: error: {exc}", file=sys.stderr)
         return 2
     for warning in loaded.warnings:
-        print(f"gpunode render: warning: {args.policy}: {warning}", file=sys.stderr)
+        print(f"gpunode render: warning: {source}: {warning}", file=sys.stderr)
+    if isinstance(loaded, LoadedValues) and loaded.outside:
+        shown = ", ".join(loaded.outside[:10]) + (
+            f" and {len(loaded.outside) - 10} more" if len(loaded.outside) > 10 else ""
+        )
+        print(
+            f"gpunode render: note: {source}: not part of the ClusterPolicy, not used: {shown}",
+            file=sys.stderr,
+        )
     if args.images:
         for name in images(loaded.policy, args.image, args.nfd_image):
             print(name)

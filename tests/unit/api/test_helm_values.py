@@ -10,6 +10,9 @@ import pytest
 from gpunode.api.helm_values import CHART_DEFAULTS, chart_keys, load_values, map_values
 from gpunode.common.errors import ConfigError
 
+ROOT = Path(__file__).resolve().parents[3]
+PRODUCTION = ROOT / "containers" / "policies" / "production-values.yaml"
+
 DEFAULT_SPEC = {
     "nfd": {"enabled": True},
     "daemonsets": {
@@ -397,4 +400,24 @@ def test_load_values_strict_refuses_unknown_chart_keys(tmp_path: Path) -> None:
         load_values(path, strict=True)
     assert exc.value.problems == (
         "driver.verison: not a value of the GPU Operator chart (ignored); did you mean version? (--strict)",
+    )
+
+
+def test_production_values_load() -> None:
+    loaded = load_values(PRODUCTION)
+    spec = loaded.policy.spec
+    assert spec.mig.strategy == "mixed"
+    assert spec.driver.version == "550.127.05"
+    assert spec.device_plugin.config.name == "time-slicing-config"
+    assert spec.device_plugin.config.default == "any"
+    assert spec.mig_manager.config.name == "custom-mig-config"
+    assert spec.dcgm_exporter.service_monitor.enabled is True
+    assert spec.operator.default_runtime == "containerd"
+    assert len(spec.daemonsets.tolerations) == 2
+    assert loaded.mapped.warnings == ()  # every key is the chart's
+    assert loaded.outside == (
+        "operator.priorityClassName",
+        "operator.resources",
+        "operator.tolerations",
+        "node-feature-discovery",
     )

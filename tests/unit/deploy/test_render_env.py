@@ -15,7 +15,11 @@ from gpunode.api.clusterpolicy import load_policy
 from gpunode.common.settings import flags_of
 from gpunode.deploy.render import render
 
-POLICIES = sorted((Path(__file__).resolve().parents[3] / "containers" / "policies").glob("*.yaml"))
+POLICIES = sorted(  # Helm chart values files (*-values.yaml) are not ClusterPolicies
+    p
+    for p in (Path(__file__).resolve().parents[3] / "containers" / "policies").glob("*.yaml")
+    if not p.stem.endswith("-values")
+)
 
 #: Read by the NVIDIA container runtime / CDI hook, not by us: which GPUs, driver files and MIG
 #: capabilities the container gets.
