@@ -28,6 +28,7 @@ model's problems are reported at the values' paths (``driver.enabled: must be a 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -262,6 +263,17 @@ _ROWS: dict[str, tuple[str, str]] = {
 _SECTIONS = frozenset(p.rsplit(".", i)[0] for p in _ROWS for i in range(1, p.count(".") + 1))
 
 
+@functools.cache
+def _children(section: str) -> tuple[str, ...]:
+    """The chart's keys directly under ``section`` ("" for the top level), for "did you mean"."""
+    depth = section.count(".") + 1 if section else 0
+    prefix = section + "." if section else ""
+    found = {
+        p.split(".")[depth] for p in (*_ROWS, *_SECTIONS) if p.startswith(prefix) and p.count(".") >= depth
+    }
+    return tuple(sorted(found))
+
+
 def chart_keys() -> dict[str, str]:
     """Every chart value known here -> its ClusterPolicy path ("" for values outside the ClusterPolicy)."""
     return {path: dest for path, (_, dest) in _ROWS.items()}
@@ -392,14 +404,8 @@ class _Mapper:
             self.warnings.append(f"{_fmt(path)}: {self.unknown(section, str(key))}")
 
     def unknown(self, section: str, key: str) -> str:
-        depth = section.count(".") + 1 if section else 0
-        siblings = {
-            p.split(".")[depth]
-            for p in (*_ROWS, *_SECTIONS)
-            if (p.startswith(section + ".") if section else True) and p.count(".") >= depth
-        }
         message = "not a value of the GPU Operator chart (ignored)"
-        close = difflib.get_close_matches(key, sorted(siblings), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(key, _children(section), n=1, cutoff=0.6)
         if close:
             message += f"; did you mean {close[0]}?"
         return message
