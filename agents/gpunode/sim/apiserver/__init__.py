@@ -58,6 +58,14 @@ Standard library only (and `gpunode.kube.selectors`, the label-selector parser t
 standard library only): a `ThreadingHTTPServer` whose handler threads share one lock and condition.
 """
 
+from gpunode.sim.apiserver.patches import (
+    FieldRequirement,
+    PatchError,
+    json_patch,
+    merge_patch,
+    parse_field_selector,
+    strategic_merge_patch,
+)
 from gpunode.sim.apiserver.server import (
     BUILTIN_TYPES,
     DEFAULT_USER,
@@ -66,17 +74,11 @@ from gpunode.sim.apiserver.server import (
     RESOURCES,
     ApiError,
     FakeApiServer,
-    FieldRequirement,
-    PatchError,
     RequestRecord,
     ResourceType,
     WatchEvent,
-    json_patch,
-    merge_patch,
-    parse_field_selector,
     resource_type,
     status_body,
-    strategic_merge_patch,
 )
 
 __all__ = [
