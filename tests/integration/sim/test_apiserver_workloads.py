@@ -194,3 +194,23 @@ def test_garbage_collection(api: FakeApiServer) -> None:
     api.create("namespaces", {"metadata": {"name": "gpu"}})
     api.delete("namespaces", "gpu")
     assert api.objects("configmaps") == []
+
+
+def test_pending_daemon_pods_and_deployment_status(api: FakeApiServer) -> None:
+    api.daemon_pod_phase = "Pending"
+    api.add_node("n1", {"gpu": "true"})
+    call(api, "POST", DS, daemonset())
+    (pod,) = api.pods()
+    assert pod["status"]["phase"] == "Pending"
+    assert (status_of(api)["numberReady"], status_of(api)["numberUnavailable"]) == (0, 1)
+    api.patch("pods", pod["metadata"]["name"], {"status": {"phase": "Running"}}, "gpu")
+    assert status_of(api)["numberReady"] == 1
+    assert "numberUnavailable" not in status_of(api)
+
+    deployment = {"metadata": {"name": "nfd-master"}, "spec": {"replicas": 2}}
+    status, _ = call(api, "POST", "/apis/apps/v1/namespaces/gpu/deployments", deployment)
+    assert status == 201
+    got = api.get("deployments", "nfd-master", "gpu")
+    assert got is not None
+    assert (got["status"]["availableReplicas"], got["status"]["observedGeneration"]) == (2, 1)
+    assert got["status"]["conditions"][0]["type"] == "Available"

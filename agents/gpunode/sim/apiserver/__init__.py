@@ -39,8 +39,9 @@ What it does the way the real apiserver does:
   stops matching or gets an untolerated NoExecute taint. A ControllerRevision per template; a template
   change rolls out (RollingUpdate, maxUnavailable honoured; OnDelete leaves old pods). Status carries
   desired/current/updated/misscheduled/ready/available counts and observedGeneration. Daemon pods start
-  Running (no kubelet needed); an optional pod deletion delay (`pod_deletion_delay`) keeps a deleted pod
-  terminating (metadata.deletionTimestamp set) for a while.
+  Running (no kubelet needed; `daemon_pod_phase = "Pending"` leaves them unready until patched); an
+  optional pod deletion delay (`pod_deletion_delay`) keeps a deleted pod terminating
+  (metadata.deletionTimestamp set) for a while. Deployments get a status with every replica available.
 - Fault injection: failing or stalling the next requests, 403 for chosen verbs, dropping or stalling
   watch streams, forgetting history. Counters: `requests` (every request), `request_counts`
   ((verb, resource) -> served), `apply_conflicts`, `gc_deletions`, `watches_opened`.
@@ -52,7 +53,8 @@ bearer token and `forbid()`, pagination (`limit`/`continue` are ignored), namesp
 finalizers, foreground deletion (treated as background), a /status subresource for Nodes and Pods (their
 main resource may change status), list merging by key in strategic merge patches and apply (lists are
 replaced whole), conversion webhooks, node affinity in DaemonSet scheduling, revision history limits,
-Deployments' ReplicaSets, protobuf, and YAML request bodies.
+Deployments' ReplicaSets and pods (a Deployment's status simply reports
+every replica available), protobuf, and YAML request bodies.
 
 Standard library only (and `gpunode.kube.selectors`, the label-selector parser the agents use, itself
 standard library only): a `ThreadingHTTPServer` whose handler threads share one lock and condition.

@@ -530,6 +530,9 @@ class FakeApiServer:
         self.poll_interval = poll_interval  # how often the accept loop looks for stop(); bounds its latency
         self.history = history
         self.pod_deletion_delay = 0.0  # seconds a deleted or evicted pod stays terminating
+        # The phase daemon pods start in: "Pending" leaves them unready until a test (or the kubelet
+        # emulator) patches their status, to rehearse a rollout that waits for readiness.
+        self.daemon_pod_phase = "Running"
         self.bookmark_interval: float | None = None  # seconds between BOOKMARKs where a watch allows them
         self.max_watch_timeout = 1800.0  # watches without timeoutSeconds end after this long
         self.forbidden_user = DEFAULT_USER  # the user named in 403 messages
@@ -994,6 +997,8 @@ class FakeApiServer:
                 self._reconcile_daemonsets((obj.get("spec") or {}).get("nodeName") or None)
         elif rt is DAEMONSETS:
             self._reconcile_daemonsets()
+        elif rt is DEPLOYMENTS:
+            self._deployment_status(obj)
         return obj
 
     def _remove_object(self, rt: ResourceType, key: tuple[str, str], *, orphan: bool = False) -> JsonObj:
@@ -1741,10 +1746,41 @@ class FakeApiServer:
             "kind": "Pod",
             "metadata": pod_meta,
             "spec": spec,
-            "status": {"phase": "Running"},
+            "status": {"phase": self.daemon_pod_phase},
         }
         created = self._create(PODS, namespace, pod, manager=CONTROLLER_MANAGER)
         self._pod_hashes[str(created["metadata"]["uid"])] = current
+
+    def _deployment_status(self, deployment: JsonObj) -> None:
+        """Deployments get no pods (no ReplicaSets here): their status says every replica is there."""
+        spec = deployment.get("spec") or {}
+        replicas = spec.get("replicas", 1) if isinstance(spec.get("replicas", 1), int) else 1
+        status: JsonObj = {"observedGeneration": int(deployment["metadata"].get("generation") or 1)}
+        if replicas:
+            status.update(
+                replicas=replicas,
+                updatedReplicas=replicas,
+                readyReplicas=replicas,
+                availableReplicas=replicas,
+            )
+        old_conditions = (deployment.get("status") or {}).get("conditions")
+        status["conditions"] = old_conditions or [
+            {
+                "type": "Available",
+                "status": "True",
+                "lastUpdateTime": _now(),
+                "lastTransitionTime": _now(),
+                "reason": "MinimumReplicasAvailable",
+                "message": "Deployment has minimum availability.",
+            }
+        ]
+        if deployment.get("status") == status:
+            return
+        new = copy.deepcopy(deployment)
+        new["status"] = status
+        self._commit(
+            DEPLOYMENTS, deployment, new, dry_run=False, subresource="status", manager=CONTROLLER_MANAGER
+        )
 
     def _daemonset_status(self, ds: JsonObj) -> None:
         spec = ds.get("spec") or {}
