@@ -135,6 +135,13 @@ def test_apply_errors(api: FakeApiServer) -> None:
     )
     status, body = call(api, "PATCH", f"{CM}/c?fieldManager=op", cm({}, name="d"))
     assert (status, body["reason"]) == (400, "BadRequest")
+    call(api, "PATCH", f"{CM}/c?fieldManager=op", cm({"a": "1"}))
+    status, body = call(api, "PATCH", f"{CM}/c?fieldManager=op", cm({"a": "2"}, resourceVersion="1"))
+    assert (status, body["reason"]) == (409, "Conflict")  # a stale resourceVersion precondition
+    status, body = call(api, "PATCH", f"{CM}/c?fieldManager=op&dryRun=All", cm({"a": "2"}))
+    assert (status, body["data"]) == (200, {"a": "2"})
+    assert api.get("configmaps", "c", "ns") is not None
+    assert api.get("configmaps", "c", "ns")["data"] == {"a": "1"}  # dry run: nothing stored
 
 
 def test_apply_status_subresource_and_python_api(api: FakeApiServer) -> None:

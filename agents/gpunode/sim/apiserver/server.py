@@ -1478,6 +1478,9 @@ class FakeApiServer:
                     now=_now(),
                 )
                 return 201, self._create(rt, namespace, created, dry_run=dry_run, managed=True)
+            wanted = meta.get("resourceVersion")
+            if wanted not in (None, "") and str(wanted) != _rv_of(old):
+                raise _conflict(rt, name, _MODIFIED)  # an apply may carry a resourceVersion precondition
             try:
                 result = fieldmanager_apply(
                     old,
