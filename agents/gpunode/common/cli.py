@@ -107,15 +107,21 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def parse_interval(text: str) -> float | None:
+#: Go's longest ``time.Duration`` (2**63 - 1 ns), the most NVIDIA's agents accept.
+MAX_INTERVAL_SECONDS = (2**63 - 1) / 1e9
+
+
+def parse_interval(text: str | float) -> float | None:
     """A sleep interval: a duration (as :func:`parse_duration`, any case) that must be positive, or
     ``infinite`` (None), as ``GFD_SLEEP_INTERVAL`` takes it."""
-    t = text.strip().lower()
+    t = (text if isinstance(text, str) else str(text)).strip().lower()  # a YAML number: seconds
     if t == "infinite":
         return None
     value = parse_duration(t)
     if value <= 0:
         raise ValueError("must be positive (or 'infinite')")
+    if value > MAX_INTERVAL_SECONDS:
+        raise ValueError("is longer than the longest duration Go allows (about 292 years); use 'infinite'")
     return value
 
 
@@ -148,6 +154,39 @@ class Flag:
         if self.choices is not None and value not in self.choices:
             raise ValueError("must be one of " + ", ".join(str(c) for c in self.choices))
         return value
+
+    def from_file(self, value: object) -> Any:
+        """Convert a value from a free-form block of a config file (``flags.gfd``), in every form
+        NVIDIA's files use: booleans as YAML booleans or strings, numbers or strings for durations and
+        numbers, lists or comma strings for repeatable flags; ``ValueError`` with a readable reason."""
+        if self.is_bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str):
+                return self.convert(value)
+            raise ValueError("must be a boolean (true or false)")
+        if isinstance(value, bool):
+            raise ValueError("must be a string or a number, not a boolean")
+        if self.repeatable:
+            if isinstance(value, str):
+                items: Sequence[object] = value.split(",")
+            elif isinstance(value, list | tuple):
+                items = value
+            else:
+                raise ValueError("must be a list or a comma-separated string")
+            out = []
+            for item in items:
+                if isinstance(item, bool) or not isinstance(item, str | int | float):
+                    raise ValueError("list items must be strings or numbers")
+                text = str(item).strip()
+                if text:
+                    out.append(self.convert(text))
+            return tuple(out)
+        if isinstance(value, int | float):
+            return self.convert(str(value))
+        if isinstance(value, str):
+            return self.convert(value)
+        raise ValueError("must be a string or a number")
 
     def from_env(self, name: str, raw: str) -> Any:
         """Parse an environment variable's value; :class:`UsageError` naming the variable otherwise."""
@@ -195,40 +234,57 @@ def resolve(
     return effective, sources
 
 
-def values_from_model(flags: Iterable[Flag], model: BaseModel | None) -> dict[str, Any]:
+def values_from_model(
+    flags: Iterable[Flag], model: BaseModel | None, *, source: str = "config file"
+) -> dict[str, Any]:
     """The config file's values for flags with a ``file_key``, keyed by dest.
 
     ``file_key`` is a dotted path through the model, in YAML (camelCase) or Python spelling
     (``flags.migStrategy``). Only keys actually written in the file count, so a model's own field
-    defaults never shadow a flag's default.
+    defaults never shadow a flag's default. A value read from a free-form block of the model (a
+    mapping, such as ``flags.gfd``) is converted to the flag's type (:meth:`Flag.from_file`); one that
+    cannot be raises :class:`ConfigError` naming ``source`` and the key.
     """
     if model is None:
         return {}
     values: dict[str, Any] = {}
+    problems: list[str] = []
     for flag in flags:
         if flag.file_key is None:
             continue
-        found, value = _lookup(model, flag.file_key.split("."))
-        if found and value is not None:
-            values[flag.dest] = value
+        found, value, free_form = _lookup(model, flag.file_key.split("."))
+        if not found or value is None:
+            continue
+        if free_form:
+            try:
+                value = flag.from_file(value)
+            except ValueError as exc:
+                problems.append(f"{flag.file_key}: {exc} (got {value!r:.80})")
+                continue
+        values[flag.dest] = value
+    if problems:
+        raise ConfigError(source, problems)
     return values
 
 
-def _lookup(obj: object, parts: Sequence[str]) -> tuple[bool, Any]:
+def _lookup(obj: object, parts: Sequence[str]) -> tuple[bool, Any, bool]:
+    """(found, value, whether the value came from a free-form mapping rather than a typed field)."""
     current = obj
+    free_form = False
     for part in parts:
         if _is_model(current):
             name = _field_name(type(current), part)
             if name is None or name not in current.model_fields_set:
-                return False, None
+                return False, None, False
             current = getattr(current, name)
         elif isinstance(current, Mapping):
             if part not in current:
-                return False, None
+                return False, None, False
             current = current[part]
+            free_form = True
         else:
-            return False, None
-    return True, current
+            return False, None, False
+    return True, current, free_form
 
 
 def _is_model(obj: object) -> TypeGuard[BaseModel]:
@@ -443,7 +499,9 @@ class FlagSet:
                 from gpunode.common.config import load_config
 
                 config = load_config(path, config_model)
-                values, sources = self.resolve(args, env, values_from_model(self.flags.values(), config))
+                values, sources = self.resolve(
+                    args, env, values_from_model(self.flags.values(), config, source=str(path))
+                )
         except UsageError as exc:
             if not exit_on_error:
                 raise
