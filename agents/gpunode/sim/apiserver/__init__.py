@@ -7,7 +7,8 @@ lightkube's AsyncClient, plain urllib, an operator under rehearsal.
 Resources: Nodes, Pods (eviction subresource), Namespaces, ServiceAccounts, ConfigMaps, Services
 (core/v1); DaemonSets, Deployments, ControllerRevisions (apps/v1); ClusterRoles, ClusterRoleBindings, Roles,
 RoleBindings (rbac.authorization.k8s.io/v1); RuntimeClasses (node.k8s.io/v1); Leases
-(coordination.k8s.io/v1); NFD NodeFeatures (nfd.k8s-sigs.io/v1alpha1); CustomResourceDefinitions
+(coordination.k8s.io/v1); ValidatingAdmissionPolicies and their bindings (admissionregistration.k8s.io/v1,
+stored, never enforced); NFD NodeFeatures (nfd.k8s-sigs.io/v1alpha1); CustomResourceDefinitions
 (apiextensions.k8s.io/v1) and, once one exists, its custom resources in every served version, cluster-
 scoped or namespaced. Discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>`,
 `/apis/<group>/<version>`) lists them all, custom groups and `<plural>/status` entries included.

@@ -163,6 +163,13 @@ ROLES = _builtin("roles", "Role", RBAC_GROUP, "v1", True)
 ROLE_BINDINGS = _builtin("rolebindings", "RoleBinding", RBAC_GROUP, "v1", True)
 RUNTIME_CLASSES = _builtin("runtimeclasses", "RuntimeClass", "node.k8s.io", "v1", False)
 LEASES = _builtin("leases", "Lease", "coordination.k8s.io", "v1", True)
+ADMISSION_GROUP = "admissionregistration.k8s.io"
+ADMISSION_POLICIES = _builtin(
+    "validatingadmissionpolicies", "ValidatingAdmissionPolicy", ADMISSION_GROUP, "v1", False, status=True
+)
+ADMISSION_POLICY_BINDINGS = _builtin(
+    "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", ADMISSION_GROUP, "v1", False
+)
 CRDS = _builtin(
     "customresourcedefinitions",
     "CustomResourceDefinition",
@@ -189,6 +196,8 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
     ROLE_BINDINGS,
     RUNTIME_CLASSES,
     LEASES,
+    ADMISSION_POLICIES,
+    ADMISSION_POLICY_BINDINGS,
     CRDS,
 )
 RESOURCES: dict[str, ResourceType] = {r.plural: r for r in BUILTIN_TYPES}
