@@ -1,7 +1,8 @@
 """`gpunode test-apiserver`: the test Kubernetes API server as a command, to rehearse on a laptop.
 
-Serves nodes, pods and NodeFeatures on 127.0.0.1 until interrupted, with a kubeconfig written for the
-agents (`--kubeconfig` / `KUBECONFIG`). Nothing is persisted; it is the same server the tests use.
+Serves nodes, pods, NodeFeatures, DaemonSets, Leases, CRDs and their resources (see
+gpunode.sim.apiserver) on 127.0.0.1 until interrupted, with a kubeconfig written for the agents
+(`--kubeconfig` / `KUBECONFIG`). Nothing is persisted; it is the same server the tests use.
 """
 
 from __future__ import annotations
