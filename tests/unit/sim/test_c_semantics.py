@@ -159,8 +159,19 @@ def test_lenient_mode_accepts_what_strict_mode_rejects() -> None:
     assert pynvml.nvmlGpuInstanceGetInfo(gi).id == 2
 
 
-def test_too_small_caller_array_is_insufficient_size(nvml_sim: sim.FakeNvmlLib) -> None:
+def test_too_small_caller_array_is_a_strict_mode_violation(nvml_sim: sim.FakeNvmlLib) -> None:
+    # nvml.h: the count of placements is output only and the array "must be large enough": the real
+    # library writes all 7 placements past the end of a 1-entry array
     h = _setup_mig(nvml_sim)
+    count = ctypes.c_uint(1)
+    arr = (pynvml.c_nvmlGpuInstancePlacement_t * 1)()
+    with pytest.raises(sim.StrictModeViolation, match="holds 1 entries but NVML writes 7"):
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, 19, arr, ctypes.byref(count))
+
+
+def test_too_small_caller_array_is_insufficient_size_in_lenient_mode() -> None:
+    lib = sim.install("dgx-a100", strict=False)
+    h = _setup_mig(lib)
     count = ctypes.c_uint(1)
     arr = (pynvml.c_nvmlGpuInstancePlacement_t * 1)()
     with pytest.raises(pynvml.NVMLError_InsufficientSize):

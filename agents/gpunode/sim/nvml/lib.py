@@ -408,6 +408,17 @@ class FakeNvmlLib:
             ("nvmlDeviceGetPerformanceState", "hp", d(lambda st, k, p: self._set(p, self._tm(st, k).pstate))),
             ("nvmlDeviceGetFanSpeed", "hp", d(lambda st, k, p: codes.NOT_SUPPORTED)),
             ("nvmlDeviceGetComputeRunningProcesses_v3", "hpn", d(self._processes, mig_ok=True)),
+            # the simulated workloads are compute processes: no graphics or MPS clients to list
+            (
+                "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                "hpn",
+                d(self._no_processes("Graphics"), mig_ok=True),
+            ),
+            (
+                "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                "hpn",
+                d(self._no_processes("MPSCompute"), mig_ok=True),
+            ),
             ("nvmlDeviceGetFieldValues", "hvp", d(self._field_values)),
             # GPM (Hopper and later)
             ("nvmlGpmQueryDeviceSupport", "hp", d(self._gpm_support)),
@@ -847,21 +858,68 @@ class FakeNvmlLib:
                 return self._fill_gi_profile(st, key[1], spec.enum, info, versioned=True)
         return codes.INVALID_ARGUMENT
 
-    @staticmethod
-    def _fill_array(arr: Any, count_p: Any, items: list[Any], write: Callable[[Any, Any], None]) -> int:
-        """The caller's array + count in/out: NULL asks for the count; too small: INSUFFICIENT_SIZE."""
+    # Count arguments, as nvml.h documents them (tests/unit/sim/test_count_semantics.py, a table per call):
+    # * output only (placements, GPU and compute instances): NVML writes every item and the count,
+    #   whatever *count held; the array "must be large enough". NULL asks for the count where the
+    #   header allows it (placements), and is INVALID_ARGUMENT where it does not (instances).
+    # * in/out (processes, retired pages, supported clocks): *count gives the array size; too small:
+    #   INSUFFICIENT_SIZE with the count needed, nothing written; none to return: SUCCESS, count 0.
+    # * input only (field values): *count entries are read and written.
+    # An array shorter than what NVML writes would overflow in the real library: strict mode raises
+    # StrictModeViolation; lenient mode answers INSUFFICIENT_SIZE and never writes past the array.
+    def _fill_output(
+        self,
+        name: str,
+        arr: Any,
+        count_p: Any,
+        items: list[Any],
+        write: Callable[[Any, Any], None],
+        *,
+        null_counts: bool,
+    ) -> int:
+        """Count output only: every item written into the caller's array, then the count."""
         count = _out(count_p)
         if arr is None:
+            if not null_counts:
+                return codes.INVALID_ARGUMENT
             count.value = len(items)
             return codes.SUCCESS
+        if not self._fits(name, arr, len(items)):
+            count.value = len(items)
+            return codes.INSUFFICIENT_SIZE
+        _write_items(arr, items, write)
+        count.value = len(items)
+        return codes.SUCCESS
+
+    def _fill_in_out(
+        self, name: str, arr: Any, count_p: Any, items: list[Any], write: Callable[[Any, Any], None]
+    ) -> int:
+        """Count in/out: *count is the array size on input, the number of items on output."""
+        count = _out(count_p)
         if count.value < len(items):
             count.value = len(items)
             return codes.INSUFFICIENT_SIZE
-        base, elem = _elements(arr)
-        for i, item in enumerate(items):
-            write(elem.from_address(base + i * ctypes.sizeof(elem)), item)
         count.value = len(items)
+        if not items:
+            return codes.SUCCESS
+        if arr is None:
+            return codes.INVALID_ARGUMENT
+        if not self._fits(name, arr, len(items)):
+            return codes.INSUFFICIENT_SIZE
+        _write_items(arr, items, write)
         return codes.SUCCESS
+
+    def _fits(self, name: str, arr: Any, needed: int) -> bool:
+        """Whether the caller's array holds ``needed`` entries (unknown for a bare pointer: trusted)."""
+        size = _capacity(arr)
+        if size is None or size >= needed:
+            return True
+        if self.strict:
+            raise StrictModeViolation(
+                f"{name}: the array holds {size} entries but NVML writes {needed}"
+                " (the real library would write past its end)"
+            )
+        return False
 
     def _gi_possible_placements(
         self, st: SimNodeState, key: tuple[Any, ...], profile_id: Any, arr: Any, cnt: Any
@@ -878,7 +936,14 @@ class FakeNvmlLib:
         def write(slot: Any, start: int) -> None:
             slot.start, slot.size = start, spec.memory_slices
 
-        return self._fill_array(arr, cnt, list(spec.starts), write)
+        return self._fill_output(
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+            arr,
+            cnt,
+            list(spec.starts),
+            write,
+            null_counts=True,
+        )
 
     def _profile_by_id(self, st: SimNodeState, gpu: int, profile_id: int) -> int | None:
         for spec in st.product(gpu).gi_profiles:
@@ -928,7 +993,7 @@ class FakeNvmlLib:
                 (GI, key[1], gi.id)
             )
 
-        return self._fill_array(arr, cnt, gis, write)
+        return self._fill_output("nvmlDeviceGetGpuInstances", arr, cnt, gis, write, null_counts=False)
 
     def _gi_by_id(self, st: SimNodeState, key: tuple[Any, ...], gi_id: Any, out: Any) -> int:
         if not st.product(key[1]).mig_capable:
@@ -1023,7 +1088,9 @@ class FakeNvmlLib:
         def write(slot: Any, start: int) -> None:
             slot.start, slot.size = start, c
 
-        return self._fill_array(arr, cnt, mig.ci_placement_starts(g, c), write)
+        starts = mig.ci_placement_starts(g, c)
+        name = "nvmlGpuInstanceGetComputeInstancePossiblePlacements"
+        return self._fill_output(name, arr, cnt, starts, write, null_counts=True)
 
     def _create_ci(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, prof: Any, out: Any) -> int:
         ret, ci_id = st.create_ci(key[1], gi.id, _val(prof), None, now=self.node.clock())
@@ -1055,7 +1122,9 @@ class FakeNvmlLib:
                 (CI, key[1], gi.id, ci.id)
             )
 
-        return self._fill_array(arr, cnt, cis, write)
+        return self._fill_output(
+            "nvmlGpuInstanceGetComputeInstances", arr, cnt, cis, write, null_counts=False
+        )
 
     def _ci_by_id(self, st: SimNodeState, key: tuple[Any, ...], gi: SimGiState, ci_id: Any, out: Any) -> int:
         ci = next((c for c in gi.cis if c.id == _val(ci_id)), None)
@@ -1251,7 +1320,8 @@ class FakeNvmlLib:
         g = st.gpus[key[1]]
         n = g.retired_sbe if _val(cause) == 0 else g.retired_dbe
         base = 0x1000 if _val(cause) == 0 else 0x8000
-        return self._fill_array(arr, cnt, [base + i for i in range(n)], _write_u64)
+        pages = [base + i for i in range(n)]
+        return self._fill_in_out("nvmlDeviceGetRetiredPages", arr, cnt, pages, _write_u64)
 
     def _retired_pending(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         if st.product(key[1]).architecture >= 7:
@@ -1284,18 +1354,21 @@ class FakeNvmlLib:
             slot.pid, slot.usedGpuMemory = proc.pid, proc.used_mib * MIB
             slot.gpuInstanceId, slot.computeInstanceId = proc.gi, proc.ci
 
-        count = _out(cnt)
-        if arr is None and not procs:
-            count.value = 0
-            return codes.SUCCESS
-        if arr is None:
-            count.value = len(procs)
-            return codes.INSUFFICIENT_SIZE
-        return self._fill_array(arr, cnt, procs, write)
+        return self._fill_in_out("nvmlDeviceGetComputeRunningProcesses_v3", arr, cnt, procs, write)
+
+    def _no_processes(self, kind: str) -> Callable[..., int]:
+        name = f"nvmlDeviceGet{kind}RunningProcesses_v3"
+
+        def call(st: SimNodeState, key: tuple[Any, ...], cnt: Any, arr: Any) -> int:
+            return self._fill_in_out(name, arr, cnt, [], _write_u64)
+
+        return call
 
     def _field_values(self, st: SimNodeState, key: tuple[Any, ...], count: Any, arr: Any) -> int:
         n = _val(count)
         values = _out(arr)
+        if not self._fits("nvmlDeviceGetFieldValues", arr, n):  # NVML reads and writes valuesCount entries
+            n = _capacity(arr) or 0
         tm = self._tm(st, key)
         stamp = int(self.node.clock() * 1e6)
         for i in range(n):
@@ -1438,6 +1511,18 @@ def _elements(arr: Any) -> tuple[int, Any]:
         assert addr is not None
         return addr, target._type_
     return ctypes.addressof(target), type(target)
+
+
+def _capacity(arr: Any) -> int | None:
+    """How many entries a caller's array holds; None for a bare pointer (its size is unknown)."""
+    target = _out(arr) if isinstance(arr, CArgObject) else arr
+    return len(target) if isinstance(target, ctypes.Array) else None
+
+
+def _write_items(arr: Any, items: list[Any], write: Callable[[Any, Any], None]) -> None:
+    base, elem = _elements(arr)
+    for i, item in enumerate(items):
+        write(elem.from_address(base + i * ctypes.sizeof(elem)), item)
 
 
 def _write_u64(slot: Any, value: int) -> None:
