@@ -4,7 +4,10 @@ Agents talk to the API server about their own node and little else: read and mer
 annotations, watch it, cordon it, list / delete / evict the pods on it, and keep one NodeFeature object.
 Cluster-wide callers (the operator) also list and watch every node as a slim
 :class:`~gpunode.kube.api.NodeSummary` (decoded straight into a few fields, the rest of each Node skipped
-unread) and merge-patch any node's labels and annotations with optimistic locking.
+unread) and merge-patch any node's labels and annotations with optimistic locking; for the objects it
+owns, any kind of :func:`~gpunode.kube.api.resource_kind` as plain JSON: server-side apply (field manager
+``gpunode-operator``), get / list / watch / delete, the ``status`` subresource, a DaemonSet with its pods
+and ControllerRevisions, and Leases for leader election (:meth:`Kube.connect_cluster`: no own node).
 :class:`Kube` does exactly that and hands back the small frozen dataclasses of :mod:`gpunode.kube.api`
 (:class:`~gpunode.kube.api.NodeInfo`, :class:`~gpunode.kube.api.PodInfo`), so no other module sees a
 lightkube type and swapping the client stays a one-file change (DESIGN.md, library choices).
@@ -41,28 +44,43 @@ import msgspec
 from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError, NotReadyError
 from lightkube.core.exceptions import ConfigError as LightkubeConfigError
-from lightkube.core.resource import ApiInfo, GlobalResource
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube.core.resource import ApiInfo, GlobalResource, ResourceDef
+from lightkube.generic_resource import (
+    GenericGlobalResource,
+    GenericGlobalStatus,
+    GenericNamespacedResource,
+    GenericNamespacedStatus,
+    create_namespaced_resource,
+)
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
-from lightkube.types import PatchType
+from lightkube.types import CascadeType, PatchType
 
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.logging import get_logger
 from gpunode.common.safeyaml import parse_yaml, read_config_text
 from gpunode.kube.api import (
+    CONTROLLER_REVISION,
+    DAEMON_SET,
+    LEASE,
     NODE_FEATURE_GROUP,
+    OPERATOR_FIELD_MANAGER,
+    POD,
     KubeConflict,
     KubeError,
     KubeForbidden,
     KubeNotFound,
     KubeUnavailable,
+    LeaseRecord,
     NodeEvent,
     NodeInfo,
     NodeSummary,
+    ObjectEvent,
     OwnerRef,
     PodInfo,
+    ResourceKind,
     require_node_name,
+    resource_kind,
 )
 
 __all__ = ["SERVICE_ACCOUNT_DIR", "Kube", "NodeFeature", "load_kubeconfig"]
@@ -149,7 +167,7 @@ class Kube:
 
     def __init__(
         self,
-        node_name: str,
+        node_name: str | None,
         config: KubeConfig,
         *,
         namespace: str = "default",
@@ -158,9 +176,13 @@ class Kube:
         backoff: tuple[float, float] = (0.2, 5.0),
         field_manager: str = "gpunode",
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        cluster_wide: bool = False,
     ) -> None:
-        self.node_name = require_node_name(node_name)
+        # Agents name their node; a cluster-wide caller (the operator) may not, and then the own-node
+        # calls (get_node, watch_node, list_pods, ...) are not for it.
+        self.node_name = (node_name or "") if cluster_wide else require_node_name(node_name)
         self.namespace = namespace
+        self.field_manager = field_manager
         self.attempts = max(1, attempts)
         self.backoff = backoff
         self.timeout = timeout
@@ -185,6 +207,25 @@ class Kube:
         """Validate the node name and credentials (exit-2 errors) and build the client (no I/O yet)."""
         name = require_node_name(node_name)
         return cls(name, load_kubeconfig(kubeconfig), namespace=namespace, **kw)
+
+    @classmethod
+    def connect_cluster(
+        cls,
+        kubeconfig: str | None,
+        *,
+        namespace: str = "default",
+        field_manager: str = OPERATOR_FIELD_MANAGER,
+        **kw: Any,
+    ) -> Kube:
+        """A cluster-wide client (no own node): credentials validated (exit-2 errors), no I/O yet."""
+        return cls(
+            None,
+            load_kubeconfig(kubeconfig),
+            namespace=namespace,
+            field_manager=field_manager,
+            cluster_wide=True,
+            **kw,
+        )
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -636,6 +677,267 @@ class Kube:
             return "updated"
         raise KubeConflict("update", "nodefeatures", f"{namespace}/{name} kept changing under us", status=409)
 
+    # -- any kind, as JSON (cluster-wide callers: the operator) ----------------------------------------
+    def _ns(self, kind: ResourceKind, namespace: str | None) -> str | None:
+        return (namespace or self.namespace) if kind.namespaced else None
+
+    async def apply(
+        self, obj: Mapping[str, Any], *, force: bool = False, field_manager: str | None = None
+    ) -> dict[str, Any]:
+        """Server-side apply of any object of a known kind (``PATCH`` ``application/apply-patch+yaml`` with
+        this client's field manager, or ``field_manager``); ``force`` takes over fields another manager
+        owns (without it such a conflict is :class:`KubeConflict`). The stored object comes back."""
+        kind = resource_kind(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        namespace = self._ns(kind, meta.get("namespace"))
+        body = dict(obj)
+        if namespace is not None:
+            body["metadata"] = {**meta, "namespace": namespace}
+        res = _generic(kind)
+        manager = field_manager or self.field_manager
+        stored = await self._call(
+            "patch",
+            kind.plural,
+            lambda: self._client.patch(
+                res,
+                name,
+                body,
+                namespace=namespace,
+                patch_type=PatchType.APPLY,
+                field_manager=manager,
+                force=force,
+            ),
+            group=kind.group,
+            namespace=namespace or "",
+        )
+        return _plain(stored)
+
+    async def get_object(
+        self, kind: ResourceKind, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """One object as JSON; ``None`` when it is not there."""
+        where = self._ns(kind, namespace)
+        res = _generic(kind)
+        try:
+            found = await self._call(
+                "get",
+                kind.plural,
+                lambda: self._client.get(res, name, namespace=where),
+                group=kind.group,
+                namespace=where or "",
+            )
+        except KubeNotFound:
+            return None
+        return _plain(found)
+
+    async def list_objects(
+        self,
+        kind: ResourceKind,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        chunk_size: int = 500,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Objects of a kind as JSON (namespaced kinds: in ``namespace``, this client's by default, ``"*"``
+        for all) and the list's resourceVersion to watch from."""
+        where = self._ns(kind, namespace)
+        res = _generic(kind)
+
+        async def fetch() -> tuple[list[dict[str, Any]], str]:
+            kw: dict[str, Any] = {"namespace": where} if where is not None else {}
+            listing = self._client.list(
+                res, chunk_size=chunk_size, labels=dict(labels) if labels else None, **kw
+            )
+            items = [_plain(o) async for o in listing]
+            try:
+                version = listing.resourceVersion
+            except NotReadyError:
+                version = ""
+            return items, version or ""
+
+        return await self._call("list", kind.plural, fetch, group=kind.group, namespace=where or "")
+
+    async def delete_object(
+        self,
+        kind: ResourceKind,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation: Literal["Background", "Foreground", "Orphan"] = "Background",
+    ) -> bool:
+        """Delete an object (its dependents by ``propagation``); False when it was already gone."""
+        where = self._ns(kind, namespace)
+        res = _generic(kind)
+        cascade = CascadeType[propagation.upper()]
+        try:
+            await self._call(
+                "delete",
+                kind.plural,
+                lambda: self._client.delete(res, name, namespace=where, cascade=cascade),
+                group=kind.group,
+                namespace=where or "",
+            )
+        except KubeNotFound:
+            return False
+        return True
+
+    async def patch_status(
+        self,
+        kind: ResourceKind,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        """Merge-patch the ``status`` subresource (a ClusterPolicy's, say): a None value removes a key, a
+        list is replaced whole. With ``resource_version``: only that version (409 otherwise)."""
+        where = self._ns(kind, namespace)
+        res = _generic(kind, status=True)
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        stored = await self._call(
+            "patch",
+            f"{kind.plural}/status",
+            lambda: self._client.patch(res, name, body, namespace=where, patch_type=PatchType.MERGE),
+            group=kind.group,
+            namespace=where or "",
+        )
+        return _plain(stored)
+
+    async def watch_objects(
+        self,
+        kind: ResourceKind,
+        *,
+        namespace: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        server_timeout: int = 300,
+        idle_timeout: float | None = None,
+    ) -> AsyncIterator[ObjectEvent]:
+        """Objects of a kind (ClusterPolicies, the operator's DaemonSets) as :meth:`watch_nodes` gives
+        nodes: ``SYNC`` with the complete list, then every change, forever; resumed after a drop, listed
+        anew after 410 Gone or an undecodable event, unreachable servers retried, 403 raised."""
+        idle = idle_timeout if idle_timeout is not None else server_timeout + 30.0
+        where = self._ns(kind, namespace)
+        res = _generic(kind)
+        version: str | None = None
+        failures = 0
+        while True:
+            if version is None:
+                try:
+                    items, version = await self.list_objects(kind, namespace=namespace, labels=labels)
+                except KubeUnavailable:
+                    failures += 1
+                    await self._sleep(self._delay(min(failures, 8), Exception()))
+                    continue
+                yield ObjectEvent("SYNC", objects=tuple(items))
+            kw: dict[str, Any] = {"namespace": where} if where is not None else {}
+            stream = self._client.watch(
+                res,
+                labels=dict(labels) if labels else None,
+                resource_version=version or None,
+                server_timeout=server_timeout,
+                **kw,
+            )
+            iterator = aiter(stream)
+            try:
+                while True:
+                    try:
+                        async with asyncio.timeout(idle):
+                            change, obj = await anext(iterator)
+                    except StopAsyncIteration:
+                        break
+                    failures = 0
+                    self.available = True
+                    item = _plain(obj)
+                    version = str((item.get("metadata") or {}).get("resourceVersion") or "") or version
+                    if change in ("ADDED", "MODIFIED", "DELETED"):
+                        yield ObjectEvent(cast(_Change, change), obj=item)
+            except TimeoutError:
+                self.log.warning("kube_watch_stalled", resource=kind.plural, idle_s=idle, action="resuming")
+            except (ValueError, TypeError, KeyError) as exc:
+                failures += 1
+                self.log.warning(
+                    "kube_watch_bad_event", resource=kind.plural, error=str(exc)[:300], action="listing anew"
+                )
+                await self._sleep(self._delay(min(failures, 8), exc))
+                version = None
+            except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError) as exc:
+                err = _translate(exc, "watch", kind.plural, group=kind.group, namespace=where or "")
+                if err.status == 410:
+                    self.log.info("kube_watch_expired", resource=kind.plural, action="listing anew")
+                    version = None
+                    continue
+                if not isinstance(err, KubeUnavailable):
+                    raise err from None
+                self.available = False
+                self.last_error = str(err)
+                failures += 1
+                delay = self._delay(min(failures, 8), exc)
+                self.log.warning("kube_watch_failed", error=str(err), retry_in_s=round(delay, 2))
+                await self._sleep(delay)
+            finally:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+
+    async def daemonset_rollout(
+        self, name: str, namespace: str | None = None
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """A DaemonSet, its pods and its ControllerRevisions (those it controls, by ownerReference), as
+        JSON, for readiness; ``None`` when the DaemonSet is not there."""
+        ds = await self.get_object(DAEMON_SET, name, namespace)
+        if ds is None:
+            return None
+        uid = (ds.get("metadata") or {}).get("uid")
+        selector = ((ds.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        where = self._ns(DAEMON_SET, namespace)
+
+        def owned(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [
+                o
+                for o in items
+                if any(
+                    r.get("uid") == uid and r.get("controller")
+                    for r in (o.get("metadata") or {}).get("ownerReferences") or []
+                )
+            ]
+
+        pods, _ = await self.list_objects(POD, namespace=where, labels=selector)
+        revisions, _ = await self.list_objects(CONTROLLER_REVISION, namespace=where, labels=selector)
+        return ds, owned(pods), owned(revisions)
+
+    # -- leases (leader election) ----------------------------------------------------------------------
+    async def get_lease(self, name: str, namespace: str | None = None) -> LeaseRecord | None:
+        found = await self.get_object(LEASE, name, namespace)
+        return None if found is None else _lease_record(found)
+
+    async def create_lease(self, lease: LeaseRecord) -> LeaseRecord:
+        """Create the Lease; :class:`KubeConflict` when another candidate created it first."""
+        obj = _generic(LEASE)(_lease_object(lease, self.namespace))
+        created = await self._call(
+            "create",
+            "leases",
+            lambda: self._client.create(obj),
+            group=LEASE.group,
+            namespace=lease.namespace or self.namespace,
+        )
+        return _lease_record(_plain(created))
+
+    async def update_lease(self, lease: LeaseRecord) -> LeaseRecord:
+        """Replace the Lease as of ``lease.resource_version``; :class:`KubeConflict` when it changed since
+        (another candidate renewed or took it)."""
+        obj = _generic(LEASE)(_lease_object(lease, self.namespace))
+        updated = await self._call(
+            "update",
+            "leases",
+            lambda: self._client.replace(obj),
+            group=LEASE.group,
+            namespace=lease.namespace or self.namespace,
+        )
+        return _lease_record(_plain(updated))
+
 
 def _plain_http_without_tls(config: KubeConfig) -> Any:
     """The config to connect with. An ``http://`` API server (a local test server) uses no TLS, so
@@ -645,6 +947,87 @@ def _plain_http_without_tls(config: KubeConfig) -> Any:
     if single is not None and single.cluster.server.startswith("http://") and not single.cluster.insecure:
         return single._replace(cluster=msgspec.structs.replace(single.cluster, insecure=True))
     return config
+
+
+# -- any kind: lightkube's generic resources, built here and never registered globally -------------------
+_GENERIC_VERBS = [
+    "delete",
+    "deletecollection",
+    "get",
+    "global_list",
+    "global_watch",
+    "list",
+    "patch",
+    "post",
+    "put",
+    "watch",
+]
+_GENERIC: dict[tuple[ResourceKind, bool], Any] = {}
+
+
+def _generic(kind: ResourceKind, *, status: bool = False) -> Any:
+    """A lightkube resource class for ``kind`` (or its ``/status`` subresource) whose objects are plain
+    dicts; kept out of lightkube's registry, so it never clashes with the typed models."""
+    key = (kind, status)
+    found = _GENERIC.get(key)
+    if found is not None:
+        return found
+    resource = ResourceDef(kind.group, kind.version, kind.kind)
+    base: type[Any]
+    if status:
+        info = ApiInfo(
+            resource=resource,
+            parent=resource,
+            plural=kind.plural,
+            verbs=["get", "patch", "put"],
+            action="status",
+        )
+        base = GenericNamespacedStatus if kind.namespaced else GenericGlobalStatus
+    else:
+        info = ApiInfo(resource=resource, plural=kind.plural, verbs=list(_GENERIC_VERBS))
+        base = GenericNamespacedResource if kind.namespaced else GenericGlobalResource
+    made = type(f"{kind.kind}{'Status' if status else ''}", (base,), {"_api_info": info})
+    _GENERIC[key] = made
+    return made
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    if hasattr(obj, "to_dict"):
+        return dict(obj.to_dict())
+    return dict(obj)
+
+
+def _lease_record(obj: Mapping[str, Any]) -> LeaseRecord:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    duration = spec.get("leaseDurationSeconds")
+    transitions = spec.get("leaseTransitions")
+    return LeaseRecord(
+        name=str(meta.get("name") or ""),
+        namespace=str(meta.get("namespace") or ""),
+        holder=str(spec.get("holderIdentity") or ""),
+        duration_s=duration if isinstance(duration, int) else 0,
+        acquire_time=spec.get("acquireTime"),
+        renew_time=spec.get("renewTime"),
+        transitions=transitions if isinstance(transitions, int) else 0,
+        resource_version=str(meta.get("resourceVersion") or ""),
+    )
+
+
+def _lease_object(lease: LeaseRecord, default_namespace: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": lease.name, "namespace": lease.namespace or default_namespace}
+    if lease.resource_version:
+        meta["resourceVersion"] = lease.resource_version
+    spec: dict[str, Any] = {
+        "holderIdentity": lease.holder,
+        "leaseDurationSeconds": lease.duration_s,
+        "leaseTransitions": lease.transitions,
+    }
+    if lease.acquire_time is not None:
+        spec["acquireTime"] = lease.acquire_time
+    if lease.renew_time is not None:
+        spec["renewTime"] = lease.renew_time
+    return {"apiVersion": LEASE.api_version, "kind": LEASE.kind, "metadata": meta, "spec": spec}
 
 
 # -- translation -----------------------------------------------------------------------------------------

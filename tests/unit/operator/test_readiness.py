@@ -111,6 +111,11 @@ def test_views_from_json() -> None:
     }
     assert pod_view(p) == PodView("driver-abc", "n1", "h1", True)
     assert not pod_view({"metadata": {"name": "x"}, "status": {}}).ready
+    assert pod_view({"metadata": {"name": "x"}, "status": {"phase": "Running"}}).ready
+    not_ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}
+    assert not pod_view({"metadata": {"name": "x"}, "status": not_ready}).ready
+    unready_container = {"phase": "Running", "containerStatuses": [{"ready": True}, {"ready": False}]}
+    assert not pod_view({"metadata": {"name": "x"}, "status": unready_container}).ready
 
 
 def test_newest_revision() -> None:
