@@ -9,7 +9,15 @@ flag > environment variable > config file > default (the device plugin's
 ``gpunode.device_plugin.settings.settings_from_config``). The plain types the models produce (time
 slicing, resource patterns, choices) are in :mod:`gpunode.api.plugin_types`, which needs no pydantic.
 
-Where NVIDIA's plugin parses something and then silently ignores it, this one implements it:
+NVIDIA's semantics by default: NVIDIA's plugin parses three things and then ignores them, logging why
+(``Customizing the 'resources' field is not yet supported in the config. Ignoring...``; the same for
+``rename`` and ``devices`` of ``sharing.timeSlicing.resources``). This one does the same unless the
+file switches on gpunode's extension with ``flags.gpunode.timeSlicingExtensions: true``
+(:meth:`PluginConfig.time_slicing`, :meth:`PluginConfig.resource_patterns` and
+:meth:`PluginConfig.ignored_fields`, whose messages the agents log as warnings). So a file written for
+NVIDIA advertises what NVIDIA advertises: ``rename: gpu-shared`` with ``renameByDefault: false`` gives
+``nvidia.com/gpu``; with ``renameByDefault: true`` every shared resource is ``<name>.shared``. The
+values are still validated, as NVIDIA validates them. With the extension on:
 
 * ``sharing.timeSlicing.resources[].rename`` advertises that entry's replicas under its own resource
   name (``rename: gpu-shared-a`` -> ``nvidia.com/gpu-shared-a``); it wins over ``renameByDefault``.
@@ -23,6 +31,10 @@ Where NVIDIA's plugin parses something and then silently ignores it, this one im
   profile: the first pattern matching the GPU's NVML name (``*A100*``) or the MIG profile (``1g.5gb``)
   wins; ``*`` is the only wildcard, the match is anchored and case-insensitive. Devices matching no
   pattern get the default names (``nvidia.com/gpu``, ``nvidia.com/mig-<profile>``).
+
+Values in every form NVIDIA's files use: booleans also as strings (``"true"``), the device list
+strategy as a list or one (comma-separated) string, ``flags.gfd`` values as numbers or strings (read by
+the feature discovery's settings).
 
 Not implemented, and said so rather than ignored: MPS sharing (``sharing.mps`` is parsed and then
 rejected with ``sharing.mps: MPS sharing is not supported yet; use timeSlicing``).
@@ -40,16 +52,19 @@ from gpunode.api.plugin_types import (
     DeviceSelection,
     DiscoveryStrategy,
     MigStrategy,
+    ResourcePattern,
     SharedResource,
     TimeSlicing,
     normalize_resource_name,
     parse_device_list_strategy,
     parse_devices,
 )
-from gpunode.common.config import ConfigModel
+from gpunode.common.config import Bool, ConfigModel
 
 __all__ = [
+    "EXTENSIONS_HINT",
     "Flags",
+    "GpunodeFlags",
     "ImexConfig",
     "PluginConfig",
     "PluginFlags",
@@ -61,13 +76,16 @@ __all__ = [
 ]
 
 
+#: Said with each ignored field: how to get gpunode's behaviour instead.
+EXTENSIONS_HINT = "set flags.gpunode.timeSlicingExtensions: true to honour it"
+
 # ----------------------------------------------------------------------------------------- file model
 
 
 class PluginFlags(ConfigModel):
     """``flags.plugin``: the device plugin's own flags."""
 
-    pass_device_specs: bool | None = None
+    pass_device_specs: Bool | None = None
     device_list_strategy: tuple[str, ...] | None = None
     device_id_strategy: DeviceIdStrategy | None = Field(default=None, alias="deviceIDStrategy")
     cdi_annotation_prefix: str | None = None
@@ -86,21 +104,29 @@ class PluginFlags(ConfigModel):
         return parse_device_list_strategy(value)
 
 
+class GpunodeFlags(ConfigModel):
+    """``flags.gpunode``: gpunode's own switches (NVIDIA's plugin ignores this block)."""
+
+    #: honour ``resources`` and time slicing's ``rename`` / ``devices``, which NVIDIA's plugin ignores
+    time_slicing_extensions: Bool | None = None
+
+
 class Flags(ConfigModel):
     """``flags``: the flags shared by the device plugin and GFD (GFD-only keys are accepted, unused)."""
 
     mig_strategy: MigStrategy | None = None
-    fail_on_init_error: bool | None = None
+    fail_on_init_error: Bool | None = None
     nvidia_driver_root: str | None = None
     nvidia_dev_root: str | None = None
     mps_root: str | None = None
-    gds_enabled: bool | None = None
-    mofed_enabled: bool | None = None
-    gdrcopy_enabled: bool | None = None
+    gds_enabled: Bool | None = None
+    mofed_enabled: Bool | None = None
+    gdrcopy_enabled: Bool | None = None
     device_discovery_strategy: DiscoveryStrategy | None = None
-    use_node_feature_api: bool | None = Field(default=None, alias="useNodeFeatureAPI")
+    use_node_feature_api: Bool | None = Field(default=None, alias="useNodeFeatureAPI")
     gfd: dict[str, Any] | None = None  # feature discovery's block; ignored by the device plugin
     plugin: PluginFlags | None = None
+    gpunode: GpunodeFlags | None = None
 
 
 class ResourcePatternConfig(ConfigModel):
@@ -158,8 +184,8 @@ class ReplicatedResourceConfig(ConfigModel):
 class ReplicatedResourcesConfig(ConfigModel):
     """``sharing.timeSlicing`` or ``sharing.mps``."""
 
-    rename_by_default: bool = False
-    fail_requests_greater_than_one: bool | None = None
+    rename_by_default: Bool = False
+    fail_requests_greater_than_one: Bool | None = None
     resources: tuple[ReplicatedResourceConfig, ...]
 
     @field_validator("resources")
@@ -197,7 +223,7 @@ class ImexConfig(ConfigModel):
     """``imex``: the IMEX channel handed to every container (``[]`` or ``[0]``)."""
 
     channel_ids: tuple[int, ...] = Field(default=(), alias="channelIDs")
-    required: bool = False
+    required: Bool = False
 
     @field_validator("channel_ids")
     @classmethod
@@ -221,16 +247,70 @@ class PluginConfig(ConfigModel):
     def _empty_version(cls, value: Any) -> Any:
         return "v1" if value in ("", None) else value
 
+    @property
+    def extensions(self) -> bool:
+        """``flags.gpunode.timeSlicingExtensions``: gpunode's ``resources`` / ``rename`` / ``devices``."""
+        own = self.flags.gpunode
+        return bool(own is not None and own.time_slicing_extensions)
+
     def time_slicing(self) -> TimeSlicing | None:
-        """The effective ``sharing.timeSlicing`` settings; ``None`` when the file sets none."""
+        """The effective ``sharing.timeSlicing`` settings; ``None`` when the file sets none.
+
+        Without the extension, as NVIDIA's plugin: every entry shares all devices of its resource under
+        the default name (``renameByDefault`` still gives ``<name>.shared``); entries that then name
+        the same resource count once, with the most replicas (NVIDIA's replicas of one device overlap).
+        """
         ts = self.sharing.time_slicing
         if ts is None:
             return None
+        if self.extensions:
+            shared = tuple(
+                SharedResource(name=r.name, replicas=r.replicas, devices=r.devices, rename=r.rename)
+                for r in ts.resources
+            )
+        else:
+            most: dict[str, int] = {}
+            for r in ts.resources:
+                most[r.name] = max(most.get(r.name, 0), r.replicas)
+            shared = tuple(SharedResource(name=name, replicas=replicas) for name, replicas in most.items())
         return TimeSlicing(
             rename_by_default=ts.rename_by_default,
             fail_requests_greater_than_one=bool(ts.fail_requests_greater_than_one),
-            resources=tuple(
-                SharedResource(name=r.name, replicas=r.replicas, devices=r.devices, rename=r.rename)
-                for r in ts.resources
-            ),
+            resources=shared,
         )
+
+    def resource_patterns(self) -> tuple[tuple[ResourcePattern, ...], tuple[ResourcePattern, ...]]:
+        """``resources.gpus`` and ``resources.mig`` as patterns; both empty without the extension."""
+        if not self.extensions:
+            return (), ()
+        return (
+            tuple(ResourcePattern(r.pattern, r.name) for r in self.resources.gpus),
+            tuple(ResourcePattern(r.pattern, r.name) for r in self.resources.mig),
+        )
+
+    def ignored_fields(self) -> tuple[str, ...]:
+        """What the file sets that is ignored, in NVIDIA's words (the agents log each as a warning, with
+        :data:`EXTENSIONS_HINT`)."""
+        if self.extensions:
+            return ()
+        out: list[str] = []
+        if self.resources.gpus or self.resources.mig:
+            out.append("Customizing the 'resources' field is not yet supported in the config. Ignoring...")
+        ts = self.sharing.time_slicing
+        if ts is not None:
+            if any(r.rename is not None and r.rename != _default_shared(r.name, ts) for r in ts.resources):
+                out.append(
+                    "Setting the 'rename' field in sharing.timeSlicing.resources is not yet supported "
+                    "in the config. Ignoring..."
+                )
+            if any(r.devices != "all" for r in ts.resources):
+                out.append(
+                    "Customizing the 'devices' field in sharing.timeSlicing.resources is not yet "
+                    "supported in the config. Ignoring..."
+                )
+        return tuple(out)
+
+
+def _default_shared(name: str, ts: ReplicatedResourcesConfig) -> str | None:
+    """The name NVIDIA gives an entry's replicas: ``<name>.shared`` with ``renameByDefault``, else none."""
+    return name + ".shared" if ts.rename_by_default else None

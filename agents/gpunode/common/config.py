@@ -21,9 +21,9 @@ import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from gpunode.common.errors import ConfigError
@@ -38,9 +38,11 @@ from gpunode.common.safeyaml import (
 )
 
 __all__ = [
+    "BOOL_WORDS",
     "MAX_CONFIG_BYTES",
     "MAX_CONFIG_BYTES_ENV",
     "MAX_DEPTH",
+    "Bool",
     "ConfigError",
     "ConfigModel",
     "StrictSafeLoader",
@@ -70,6 +72,27 @@ class ConfigModel(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
     )
+
+
+#: The strings a boolean may be written as: Go's ``strconv.ParseBool``, which NVIDIA's agents use for
+#: booleans given as text (``"true"``, ``"False"``, ``"1"``, ``"T"``...). Unquoted YAML words
+#: (``yes``, ``on``) are booleans already.
+BOOL_WORDS: dict[str, bool] = {
+    **dict.fromkeys(("1", "t", "T", "TRUE", "true", "True"), True),
+    **dict.fromkeys(("0", "f", "F", "FALSE", "false", "False"), False),
+}
+
+
+def _bool_from_text(value: object) -> object:
+    """``"true"``/``"False"``/``"1"`` -> bool; other values go on to strict validation."""
+    if isinstance(value, str) and value.strip() in BOOL_WORDS:
+        return BOOL_WORDS[value.strip()]
+    return value
+
+
+#: A boolean that may also be written as a string (``"true"``, ``"false"``, ``"1"``...), as NVIDIA's
+#: files and ClusterPolicies do; anything else is still an error ("a boolean (true or false)").
+Bool = Annotated[bool, BeforeValidator(_bool_from_text)]
 
 
 # ---------------------------------------------------------------------------------------------- loading

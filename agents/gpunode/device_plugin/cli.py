@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpunode.agent.main import AgentContext, AgentSpec, Started
+from gpunode.common.logging import get_logger
 from gpunode.device_plugin.configwatch import connect_kube, label_config_options
 from gpunode.device_plugin.flags import ALIASES, HTTP_PORT, DevicePluginFlags
 from gpunode.device_plugin.health import XidPolicy
@@ -25,6 +26,8 @@ def start(ctx: AgentContext[DevicePluginFlags]) -> Started:
 
     def load(config: PluginConfig | None) -> PluginSettings:
         """Settings for a (re)loaded config file, with flags and env vars still taking precedence."""
+        if config is not None:
+            warn_ignored_fields(config)
         return plugin_settings(ctx.parser.resolve(ctx.parsed.args, ctx.environ, config)[0], config)
 
     settings = load(ctx.parsed.config)
@@ -38,6 +41,16 @@ def start(ctx: AgentContext[DevicePluginFlags]) -> Started:
 
     plugin = DevicePlugin(opts, open_nvml, settings, ctx.parsed.config, kube=kube)
     return Started(plugin.run(), {"health_checks": str(policy)})
+
+
+def warn_ignored_fields(config: PluginConfig) -> None:
+    """Log what the file sets that NVIDIA's plugin ignores (and so does this one, by default)."""
+    from gpunode.api.plugin_config import EXTENSIONS_HINT
+
+    for message in config.ignored_fields():
+        get_logger("gpunode.device_plugin").warning(
+            "config_field_ignored", detail=message, hint=EXTENSIONS_HINT
+        )
 
 
 def _config_model() -> type[PluginConfig]:

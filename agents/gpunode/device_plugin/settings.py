@@ -92,6 +92,7 @@ def _file_values(cfg: PluginConfig) -> dict[str, object]:
     """The settings written in the file (None = not written), keyed by PluginSettings field."""
     flags = cfg.flags
     plugin = flags.plugin
+    gpu_patterns, mig_patterns = cfg.resource_patterns()  # empty unless gpunode's extension is on
 
     def pv(name: str) -> object:
         return getattr(plugin, name) if plugin is not None else None
@@ -115,8 +116,8 @@ def _file_values(cfg: PluginConfig) -> dict[str, object]:
         "shared_allocation_policy": pv("shared_devices_allocation_policy"),
         "imex_channel_ids": cfg.imex.channel_ids or None,
         "imex_required": cfg.imex.required if "required" in cfg.imex.model_fields_set else None,
-        "gpu_resources": tuple(ResourcePattern(r.pattern, r.name) for r in cfg.resources.gpus) or None,
-        "mig_resources": tuple(ResourcePattern(r.pattern, r.name) for r in cfg.resources.mig) or None,
+        "gpu_resources": gpu_patterns or None,
+        "mig_resources": mig_patterns or None,
         "sharing": cfg.time_slicing(),
     }
     return {key: value for key, value in values.items() if value is not None}

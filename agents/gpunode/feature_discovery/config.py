@@ -38,8 +38,20 @@ def plugin_config_model() -> type[PluginConfig]:
 
 
 def sharing_of(config: PluginConfig | None) -> TimeSlicing | None:
-    """The file's time-slicing settings (GFD labels the replicas); None without a file."""
-    return config.time_slicing() if config is not None else None
+    """The file's time-slicing settings (GFD labels the replicas); None without a file.
+
+    What the file sets that NVIDIA ignores (and so does this one, by default) is logged as a warning,
+    the labels matching what the device plugin advertises."""
+    if config is None:
+        return None
+    from gpunode.api.plugin_config import EXTENSIONS_HINT
+    from gpunode.common.logging import get_logger
+
+    for message in config.ignored_fields():
+        get_logger("gpunode.feature_discovery").warning(
+            "config_field_ignored", detail=message, hint=EXTENSIONS_HINT
+        )
+    return config.time_slicing()
 
 
 @dataclass(frozen=True)

@@ -100,8 +100,26 @@ def test_nvidia_example_parses_key_for_key() -> None:
     assert cfg.imex.channel_ids == (0,)
 
 
-def test_nvidia_example_gives_settings() -> None:
-    settings = settings_from_config(parse(NVIDIA_EXAMPLE), {})
+def test_nvidia_example_gives_nvidias_settings() -> None:
+    """As NVIDIA's plugin: ``resources`` and the entry's ``rename`` ignored, each with NVIDIA's warning."""
+    cfg = parse(NVIDIA_EXAMPLE)
+    settings = settings_from_config(cfg, {})
+    assert settings == PluginSettings(
+        mps_root="/run/nvidia/mps",
+        sharing=TimeSlicing(resources=(SharedResource("nvidia.com/gpu", 10),)),
+        imex_channel_ids=(0,),
+    )
+    assert cfg.ignored_fields() == (
+        "Customizing the 'resources' field is not yet supported in the config. Ignoring...",
+        "Setting the 'rename' field in sharing.timeSlicing.resources is not yet supported in the config. "
+        "Ignoring...",
+    )
+
+
+def test_nvidia_example_with_gpunode_extensions_gives_settings() -> None:
+    cfg = parse(NVIDIA_EXAMPLE.replace("flags:\n", "flags:\n  gpunode: {timeSlicingExtensions: true}\n", 1))
+    assert cfg.ignored_fields() == ()
+    settings = settings_from_config(cfg, {})
     assert settings == PluginSettings(
         mps_root="/run/nvidia/mps",
         sharing=TimeSlicing(
