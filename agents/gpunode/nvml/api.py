@@ -85,6 +85,12 @@ class GpuInfo:
     brand: str
     sm_count: int | None
     mig: MigMode | None  # None: not MIG-capable
+    # versions (None where the GPU or driver does not report them)
+    vbios_version: str | None = None
+    inforom_oem: str | None = None
+    inforom_ecc: str | None = None
+    inforom_power: str | None = None
+    inforom_image: str | None = None
 
     @property
     def mig_capable(self) -> bool:
@@ -272,6 +278,21 @@ class Telemetry:
     remapped_rows_failure: bool | None = None
     clock_event_reasons: int | None = None
     pstate: int | None = None
+    memory_temp_c: int | None = None  # HBM parts (NVML field NVML_FI_DEV_MEMORY_TEMP)
+    memory_reserved_mib: int | None = None  # nvmlMemory_v2.reserved
+    nvlink_raw_kib: int | None = None  # NVLink TX + RX, data and protocol, all links, KiB since boot
+    nvlink_crc_flit_errors: int | None = None  # totals over all links
+    nvlink_crc_data_errors: int | None = None
+    nvlink_replay_errors: int | None = None
+    nvlink_recovery_errors: int | None = None
+    # time the clocks were held back, per reason (NVML's perf policies), ns since boot
+    violation_power_ns: int | None = None
+    violation_thermal_ns: int | None = None
+    violation_sync_boost_ns: int | None = None
+    violation_board_limit_ns: int | None = None
+    violation_low_util_ns: int | None = None
+    violation_reliability_ns: int | None = None
+    vgpu_license_status: int | None = None  # vGPU guests: 1 licensed, 0 not; None elsewhere
     processes: tuple[tuple[int, int], ...] = field(default=())  # (pid, used MiB)
 
 
@@ -338,7 +359,9 @@ class Nvml(Protocol):
 
     async def gpm_utilization(self, index: int) -> dict[str, float] | None:
         """GPM activity (Hopper and later) since the previous call for this GPU, in percent, keyed
-        "graphics", "tensor" and "dram"; None without GPM and on the first call (nothing to measure from)."""
+        "graphics", "tensor", "dram", "sm_active", "sm_occupancy", "fp64", "fp32" and "fp16" (a metric
+        the GPU cannot report is left out); None without GPM and on the first call (nothing to measure
+        from)."""
         ...
 
     def events(

@@ -156,7 +156,42 @@ GPM_METRICS = {
     "graphics": pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
     "tensor": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
     "dram": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "fp64": pynvml.NVML_GPM_METRIC_FP64_UTIL,
+    "fp32": pynvml.NVML_GPM_METRIC_FP32_UTIL,
+    "fp16": pynvml.NVML_GPM_METRIC_FP16_UTIL,
 }
+
+ALL_LINKS = 0xFFFFFFFF  # scopeId for an NVLink throughput field summed over every link
+# the field values telemetry() reads in one nvmlDeviceGetFieldValues call: Telemetry attribute -> field
+# (an NVLink throughput pair is summed into nvlink_raw_kib)
+FIELDS: tuple[tuple[str, int | tuple[int, int]], ...] = (
+    ("memory_temp_c", pynvml.NVML_FI_DEV_MEMORY_TEMP),
+    ("nvlink_crc_flit_errors", pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL),
+    ("nvlink_crc_data_errors", pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL),
+    ("nvlink_replay_errors", pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL),
+    ("nvlink_recovery_errors", pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL),
+    ("violation_power_ns", pynvml.NVML_FI_DEV_PERF_POLICY_POWER),
+    ("violation_thermal_ns", pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL),
+    ("violation_sync_boost_ns", pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST),
+    ("violation_board_limit_ns", pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT),
+    ("violation_low_util_ns", pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION),
+    ("violation_reliability_ns", pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY),
+    ("nvlink_raw_kib", (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, ALL_LINKS)),
+    ("nvlink_raw_kib", (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, ALL_LINKS)),
+)
+_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_number(fv: object) -> int | None:
+    """The value of one nvmlFieldValue_t as an integer, or None where NVML did not supply it."""
+    if int(getattr(fv, "nvmlReturn", -1)) != pynvml.NVML_SUCCESS:
+        return None
+    member = _VALUE_FIELDS.get(int(getattr(fv, "valueType", -1)))
+    if member is None:
+        return None
+    return int(getattr(fv.value, member))  # type: ignore[attr-defined]
 
 
 class _GpmSamples:
@@ -185,6 +220,7 @@ class RealNvml:
         self._totals: dict[int, int] = {}
         self._gpm_support: dict[int, bool] = {}
         self._gpm_samples: dict[int, _GpmSamples] = {}
+        self._unsupported: set[tuple[int, str]] = set()  # (GPU, query) the GPU answered NotSupported to
         self._count = 0
         self._closed = False
 
@@ -318,6 +354,11 @@ class RealNvml:
             brand=BRANDS.get(brand, "unknown") if brand is not None else "unknown",
             sm_count=int(attrs.multiprocessorCount) if attrs is not None else None,
             mig=MigMode(bool(mode[0]), bool(mode[1])) if mode is not None else None,
+            vbios_version=_optional(pynvml.nvmlDeviceGetVbiosVersion, h),
+            inforom_oem=_optional(pynvml.nvmlDeviceGetInforomVersion, h, pynvml.NVML_INFOROM_OEM),
+            inforom_ecc=_optional(pynvml.nvmlDeviceGetInforomVersion, h, pynvml.NVML_INFOROM_ECC),
+            inforom_power=_optional(pynvml.nvmlDeviceGetInforomVersion, h, pynvml.NVML_INFOROM_POWER),
+            inforom_image=_optional(pynvml.nvmlDeviceGetInforomImageVersion, h),
         )
 
     # -- topology ------------------------------------------------------------------------------------------
@@ -714,7 +755,13 @@ class RealNvml:
         h = self._handle(index)
         o = _optional
         util = o(pynvml.nvmlDeviceGetUtilizationRates, h)
-        mem = o(pynvml.nvmlDeviceGetMemoryInfo, h)
+        mem2 = o(pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
+        # used and free as nvmlMemory_t (v1) counts them: the reserved part is "used"
+        used_bytes = int(mem2.used) + int(mem2.reserved) if mem2 is not None else None
+        mem = o(pynvml.nvmlDeviceGetMemoryInfo, h) if mem2 is None else None
+        if mem is not None:
+            used_bytes = int(mem.used)
+        free_bytes = int(mem2.free) if mem2 is not None else int(mem.free) if mem is not None else None
         power = o(pynvml.nvmlDeviceGetPowerUsage, h)
         enc = o(pynvml.nvmlDeviceGetEncoderUtilization, h)
         dec = o(pynvml.nvmlDeviceGetDecoderUtilization, h)
@@ -737,8 +784,11 @@ class RealNvml:
             gpu_index=index,
             gpu_util=util.gpu if util is not None else None,
             mem_copy_util=util.memory if util is not None else None,
-            memory_used_mib=int(mem.used) // MIB if mem is not None else None,
-            memory_free_mib=int(mem.free) // MIB if mem is not None else None,
+            memory_used_mib=used_bytes // MIB if used_bytes is not None else None,
+            memory_free_mib=free_bytes // MIB if free_bytes is not None else None,
+            memory_reserved_mib=int(mem2.reserved) // MIB if mem2 is not None else None,
+            vgpu_license_status=self._vgpu_license(index, h),
+            **self._field_values(index, h),
             temperature_c=o(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
             power_w=power / 1000 if power is not None else None,
             energy_mj=o(pynvml.nvmlDeviceGetTotalEnergyConsumption, h),
@@ -764,6 +814,35 @@ class RealNvml:
             pstate=o(pynvml.nvmlDeviceGetPerformanceState, h),
             processes=tuple((int(p.pid), int(p.usedGpuMemory or 0) // MIB) for p in procs),
         )
+
+    def _field_values(self, index: int, h: Handle) -> dict[str, int | None]:
+        """The FIELDS in one call; a field the GPU does not supply is None."""
+        out: dict[str, int | None] = dict.fromkeys((name for name, _ in FIELDS), None)
+        if (index, "fields") in self._unsupported:
+            return out
+        values = _call(pynvml.nvmlDeviceGetFieldValues, h, [f for _, f in FIELDS], tolerate=UNSUPPORTED)
+        if values is None:
+            self._unsupported.add((index, "fields"))
+            return out
+        for i, (name, _) in enumerate(FIELDS):
+            number = _field_number(values[i])
+            if number is not None:
+                previous = out[name]
+                out[name] = number if previous is None else previous + number
+        return out
+
+    def _vgpu_license(self, index: int, h: Handle) -> int | None:
+        """1 when a vGPU guest holds a licence, 0 when it has none; None where NVML has no vGPU
+        licensing (bare metal, passthrough). Asked once more only where the GPU answered."""
+        if (index, "vgpu") in self._unsupported:
+            return None
+        features = _call(pynvml.nvmlDeviceGetGridLicensableFeatures_v4, h, tolerate=UNSUPPORTED)
+        if features is None or not int(features.isGridLicenseSupported):
+            self._unsupported.add((index, "vgpu"))
+            return None
+        count = int(features.licensableFeaturesCount)
+        licensed = any(int(features.gridLicensableFeatures[i].featureState) == 1 for i in range(count))
+        return int(licensed)
 
     # -- GPM (Hopper and later) ----------------------------------------------------------------------------
     async def gpm_utilization(self, index: int) -> dict[str, float] | None:

@@ -40,7 +40,16 @@ async def test_gpm_utilization_measures_between_calls(clock: Clock) -> None:
         clock.now += 15
         first = await nvml.gpm_utilization(0)
         assert first is not None
-        assert set(first) == {"graphics", "tensor", "dram"}
+        assert set(first) == {
+            "graphics",
+            "tensor",
+            "dram",
+            "sm_active",
+            "sm_occupancy",
+            "fp64",
+            "fp32",
+            "fp16",
+        }
         assert all(0.0 <= v <= 100.0 for v in first.values())
         assert first["tensor"] == pytest.approx(first["graphics"] * 0.55)
         clock.now += 15

@@ -38,7 +38,7 @@ def test_unimplemented_symbols_are_function_not_found(nvml_sim: sim.FakeNvmlLib)
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        pynvml.nvmlDeviceGetVbiosVersion(h)
+        pynvml.nvmlDeviceGetBoardPartNumber(h)
 
 
 def test_handles_are_addresses_not_objects(nvml_sim: sim.FakeNvmlLib) -> None:

@@ -126,7 +126,7 @@ def test_unknown_metrics_are_not_supported_one_by_one(h100: sim.FakeNvmlLib, clo
     clock.now += 1
     pynvml.nvmlGpmSampleGet(h, s2)
     req = pynvml.nvmlGpmMetricsGet(
-        _request(s1, s2, (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL))
+        _request(s1, s2, (pynvml.NVML_GPM_METRIC_INTEGER_UTIL, pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL))
     )
     assert req.metrics[0].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
     assert req.metrics[1].nvmlReturn == pynvml.NVML_SUCCESS

@@ -54,6 +54,25 @@ GPM_SUPPORT_VERSION = 1
 GPM_METRICS_GET_VERSION = 1
 GPM_GRAPHICS_UTIL, GPM_ANY_TENSOR_UTIL, GPM_DRAM_BW_UTIL = 1, 5, 10
 GPM_TENSOR_SHARE = 0.55  # of graphics activity, spent in tensor cores
+GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_FP64_UTIL, GPM_FP32_UTIL, GPM_FP16_UTIL = 2, 3, 11, 12, 13
+# shares of graphics activity for the other GPM metrics the simulator reports
+GPM_SHARES = {
+    GPM_SM_UTIL: 0.9,
+    GPM_SM_OCCUPANCY: 0.4,
+    GPM_FP64_UTIL: 0.05,
+    GPM_FP32_UTIL: 0.3,
+    GPM_FP16_UTIL: 0.2,
+}
+VBIOS_VERSION = "96.00.89.00.01"
+INFOROM_IMAGE = "G520.0200.00.05"
+INFOROM_OBJECTS = {0: "2.1", 1: "7.0", 2: None}  # NVML_INFOROM_OEM, _ECC, _POWER (None: not supported)
+FIELD_MEMORY_TEMP = 82
+FIELD_NVLINK_ERROR_TOTALS = (38, 45, 52, 59)  # CRC flit, CRC data, replay, recovery
+FIELD_NVLINK_RAW_TX, FIELD_NVLINK_RAW_RX = 140, 141  # KiB since boot
+NVLINK_RAW_KIB_PER_S = {FIELD_NVLINK_RAW_TX: 150_000, FIELD_NVLINK_RAW_RX: 140_000}
+# perf-policy (clock event) fields 74..79 (power, thermal, sync boost, board limit, low utilisation,
+# reliability): the share of time each one held the clocks back, as a violation time in ns since boot
+FIELD_VIOLATION_SHARES = {74: 0.02, 75: 0.001, 76: 0.0, 77: 0.0, 78: 0.3, 79: 0.0}
 GPM_POINTS = 10  # utilisation points averaged over a GPM interval
 CArgObject = type(ctypes.byref(ctypes.c_int()))
 
@@ -287,6 +306,9 @@ class FakeNvmlLib:
             ("nvmlDeviceGetUUID", "hsv", d(self._uuid, mig_ok=True)),
             ("nvmlDeviceGetSerial", "hsv", d(lambda st, k, b, n: _put_str(b, n, st.serial(k[1])))),
             ("nvmlDeviceGetIndex", "hp", d(lambda st, k, p: self._set(p, k[1]))),
+            ("nvmlDeviceGetVbiosVersion", "hsv", d(lambda st, k, b, n: _put_str(b, n, VBIOS_VERSION))),
+            ("nvmlDeviceGetInforomVersion", "hvsv", d(self._inforom_version)),
+            ("nvmlDeviceGetInforomImageVersion", "hsv", d(lambda st, k, b, n: _put_str(b, n, INFOROM_IMAGE))),
             ("nvmlDeviceGetMinorNumber", "hp", d(lambda st, k, p: self._set(p, k[1]))),
             ("nvmlDeviceGetPciInfo_v3", "hp", d(self._pci_info, mig_ok=True)),
             ("nvmlDeviceGetMemoryInfo", "hp", d(self._memory_v1, mig_ok=True)),
@@ -1381,8 +1403,34 @@ class FakeNvmlLib:
                 fv.valueType, fv.nvmlReturn = 1, codes.SUCCESS  # unsigned int
                 fv.value.uiVal = tm.power_mw
             else:
-                fv.nvmlReturn = codes.NOT_SUPPORTED
+                self._more_field_values(st, key, tm, fv)
         return codes.SUCCESS
+
+    def _more_field_values(self, st: SimNodeState, key: tuple[Any, ...], tm: Any, fv: Any) -> None:
+        """Memory temperature (HBM parts: the MIG-capable ones), NVLink error and throughput counters
+        (GPUs with NVLink) and clock-event violation times; anything else is NOT_SUPPORTED."""
+        field, gpu = int(fv.fieldId), key[1]
+        elapsed = max(0.0, self.node.clock() - st.created)
+        value: int | None = None
+        if field == FIELD_MEMORY_TEMP and st.product(gpu).mig_capable:
+            value = tm.temperature_c + 4
+        elif field in FIELD_NVLINK_ERROR_TOTALS and self._links(st, gpu):
+            value = 0
+        elif field in NVLINK_RAW_KIB_PER_S and self._links(st, gpu):
+            value = int(elapsed * NVLINK_RAW_KIB_PER_S[field])
+        elif field in FIELD_VIOLATION_SHARES:
+            value = int(elapsed * 1e9 * FIELD_VIOLATION_SHARES[field])
+        if value is None:
+            fv.nvmlReturn = codes.NOT_SUPPORTED
+        else:
+            fv.valueType, fv.nvmlReturn = 3, codes.SUCCESS  # unsigned long long
+            fv.value.ullVal = value
+
+    def _inforom_version(self, st: SimNodeState, key: tuple[Any, ...], obj: Any, buf: Any, n: Any) -> int:
+        if _val(obj) not in INFOROM_OBJECTS:
+            return codes.INVALID_ARGUMENT
+        version = INFOROM_OBJECTS[_val(obj)]
+        return codes.NOT_SUPPORTED if version is None else _put_str(buf, n, version)
 
     # -- GPM -------------------------------------------------------------------------------------------
     def _gpm_support(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
@@ -1464,6 +1512,7 @@ class FakeNvmlLib:
             GPM_GRAPHICS_UTIL: graphics,
             GPM_ANY_TENSOR_UTIL: graphics * GPM_TENSOR_SHARE,
             GPM_DRAM_BW_UTIL: memory,
+            **{metric: graphics * share for metric, share in GPM_SHARES.items()},
         }
         for i in range(n):
             m = metrics[i]
