@@ -16,7 +16,7 @@ itself); every other value is a property of the whole GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 Kind = Literal["gauge", "counter", "label"]
@@ -34,6 +34,16 @@ SPECIAL_SOURCES: dict[str, str] = {
     "gpm_graphics": "NVML GPM GRAPHICS_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
     "gpm_tensor": "NVML GPM ANY_TENSOR_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
     "gpm_dram": "NVML GPM DRAM_BW_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
+    "gpm_sm_active": "NVML GPM SM_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
+    "gpm_sm_occupancy": "NVML GPM SM_OCCUPANCY / 100 (Hopper and later; skipped on GPUs without GPM)",
+    "gpm_fp64": "NVML GPM FP64_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
+    "gpm_fp32": "NVML GPM FP32_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
+    "gpm_fp16": "NVML GPM FP16_UTIL / 100 (Hopper and later; skipped on GPUs without GPM)",
+    "vbios_version": "GpuInfo.vbios_version (nvmlDeviceGetVbiosVersion)",
+    "inforom_oem": "GpuInfo.inforom_oem (nvmlDeviceGetInforomVersion, NVML_INFOROM_OEM)",
+    "inforom_ecc": "GpuInfo.inforom_ecc (nvmlDeviceGetInforomVersion, NVML_INFOROM_ECC)",
+    "inforom_power": "GpuInfo.inforom_power (nvmlDeviceGetInforomVersion, NVML_INFOROM_POWER)",
+    "inforom_image": "GpuInfo.inforom_image (nvmlDeviceGetInforomImageVersion)",
 }
 
 
@@ -60,7 +70,6 @@ class MetricSpec:
         return self.kind == "label"
 
 
-_NO_DCGM_PROF = "needs DCGM's profiling module (Hopper+: NVML GPM); not sampled, never faked"
 _GPM = "from NVML GPM on Hopper and later; GPUs without GPM get no series (logged once), never a fake value"
 _PCIE_APPROX = (
     " gpunode approximates it from NVML's PCIe throughput sample (KB/s over about 20 ms, times 1024)."
@@ -78,8 +87,8 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         "Memory temperature (in C).",
         "C",
-        None,
-        note="NVML has it on HBM parts (field NVML_FI_DEV_MEMORY_TEMP); our Telemetry does not sample it",
+        "memory_temp_c",
+        note="NVML field NVML_FI_DEV_MEMORY_TEMP: HBM parts only; other GPUs get no series",
     ),
     MetricSpec("DCGM_FI_DEV_GPU_TEMP", 150, "gauge", "GPU temperature (in C).", "C", "temperature_c"),
     MetricSpec("DCGM_FI_DEV_POWER_USAGE", 155, "gauge", "Power draw (in W).", "W", "power_w"),
@@ -146,17 +155,18 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         "Framebuffer memory reserved (in MiB).",
         "MiB",
-        None,
-        note="NVML has it (nvmlMemory_v2.reserved); our Telemetry does not sample it",
+        "memory_reserved_mib",
+        note="nvmlMemory_v2.reserved",
     ),
     MetricSpec(
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         449,
         "counter",
         "Total number of NVLink bandwidth counters for all lanes.",
-        "count",
-        None,
-        note="alias of DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL; our Telemetry has no NVLink throughput",
+        "KiB",
+        "nvlink_raw_kib",
+        note="NVML fields NVLINK_THROUGHPUT_RAW_TX + _RAW_RX over all links (KiB since boot, data and"
+        " protocol); GPUs without NVLink get no series",
     ),
     MetricSpec(
         "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
@@ -164,8 +174,9 @@ _SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         "vGPU License status",
         "bool",
-        None,
-        note="vGPU guest licensing is not part of our NVML library",
+        "vgpu_license_status",
+        note="nvmlDeviceGetGridLicensableFeatures: 1 when a vGPU guest holds a licence, 0 when not;"
+        " bare metal and passthrough GPUs (no vGPU licensing in NVML) get no series",
     ),
     MetricSpec(
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
@@ -369,7 +380,7 @@ _SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("DCGM_FI_NVML_VERSION", 2, "label", "NVML Version", "", "nvml_version"),
     MetricSpec("DCGM_FI_DEV_BRAND", 51, "label", "Device Brand", "", "brand"),
     MetricSpec("DCGM_FI_DEV_SERIAL", 53, "label", "Device Serial Number", "", "serial"),
-    # --- off by default upstream, and not available through our NVML library ---
+    # clock-event (throttle) violation times: NVML's perf-policy fields, ns since boot
     *(
         MetricSpec(
             f"DCGM_FI_DEV_{name}_VIOLATION",
@@ -377,63 +388,159 @@ _SPECS: tuple[MetricSpec, ...] = (
             "counter",
             f"Throttling duration due to {why} (in ns).",
             "ns",
-            None,
-            note="NVML has nvmlDeviceGetViolationStatus; our Telemetry does not sample it",
+            f"violation_{attribute}_ns",
+            note=f"NVML field NVML_FI_DEV_PERF_POLICY_{policy} (the violation time that"
+            " nvmlDeviceGetViolationStatus reports)",
         )
-        for name, field_id, why in (
-            ("POWER", 240, "power constraints"),
-            ("THERMAL", 241, "thermal constraints"),
-            ("SYNC_BOOST", 242, "sync-boost constraints"),
-            ("BOARD_LIMIT", 243, "board limit constraints"),
-            ("LOW_UTIL", 244, "low utilization"),
-            ("RELIABILITY", 245, "reliability constraints"),
+        for name, field_id, why, attribute, policy in (
+            ("POWER", 240, "power constraints", "power", "POWER"),
+            ("THERMAL", 241, "thermal constraints", "thermal", "THERMAL"),
+            ("SYNC_BOOST", 242, "sync-boost constraints", "sync_boost", "SYNC_BOOST"),
+            ("BOARD_LIMIT", 243, "board limit constraints", "board_limit", "BOARD_LIMIT"),
+            ("LOW_UTIL", 244, "low utilization", "low_util", "LOW_UTILIZATION"),
+            ("RELIABILITY", 245, "reliability constraints", "reliability", "RELIABILITY"),
         )
     ),
+    # NVLink error counters, totals over every link (GPUs without NVLink get no series)
     *(
         MetricSpec(
-            name, field_id, "counter", help_, "count", None, note="our Telemetry has no NVLink counters"
+            name,
+            field_id,
+            "counter",
+            help_,
+            "count",
+            source,
+            note=f"NVML field NVML_FI_DEV_NVLINK_{nvml}_COUNT_TOTAL",
         )
-        for name, field_id, help_ in (
+        for name, field_id, help_, source, nvml in (
             (
                 "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
                 409,
                 "Total number of NVLink flow-control CRC errors.",
+                "nvlink_crc_flit_errors",
+                "CRC_FLIT_ERROR",
             ),
-            ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", 419, "Total number of NVLink data CRC errors."),
-            ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 429, "Total number of NVLink retries."),
-            ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 439, "Total number of NVLink recovery errors."),
             (
-                "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0",
-                440,
-                "The number of bytes of active NVLink rx or tx data including both header and payload.",
+                "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+                419,
+                "Total number of NVLink data CRC errors.",
+                "nvlink_crc_data_errors",
+                "CRC_DATA_ERROR",
+            ),
+            (
+                "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                429,
+                "Total number of NVLink retries.",
+                "nvlink_replay_errors",
+                "REPLAY_ERROR",
+            ),
+            (
+                "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+                439,
+                "Total number of NVLink recovery errors.",
+                "nvlink_recovery_errors",
+                "RECOVERY_ERROR",
             ),
         )
     ),
+    MetricSpec(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0",
+        440,
+        "counter",
+        "The number of bytes of active NVLink rx or tx data including both header and payload.",
+        "count",
+        None,
+        note="one link's counter: NVML has it per link, gpunode samples only the total over all links"
+        " (DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL)",
+    ),
+    # versions, as labels on every series
     *(
-        MetricSpec(name, field_id, "label", help_, "", None, note="not exposed by our NVML library")
-        for name, field_id, help_ in (
-            ("DCGM_FI_DEV_OEM_INFOROM_VER", 56, "OEM inforom version"),
-            ("DCGM_FI_DEV_ECC_INFOROM_VER", 80, "ECC inforom version"),
-            ("DCGM_FI_DEV_POWER_INFOROM_VER", 81, "Power management object inforom version"),
-            ("DCGM_FI_DEV_INFOROM_IMAGE_VER", 82, "Inforom image version"),
-            ("DCGM_FI_DEV_VBIOS_VERSION", 85, "VBIOS version of the device"),
+        MetricSpec(name, field_id, "label", help_, "", source)
+        for name, field_id, help_, source in (
+            ("DCGM_FI_DEV_OEM_INFOROM_VER", 56, "OEM inforom version", "inforom_oem"),
+            ("DCGM_FI_DEV_ECC_INFOROM_VER", 80, "ECC inforom version", "inforom_ecc"),
+            ("DCGM_FI_DEV_POWER_INFOROM_VER", 81, "Power management object inforom version", "inforom_power"),
+            ("DCGM_FI_DEV_INFOROM_IMAGE_VER", 82, "Inforom image version", "inforom_image"),
+            ("DCGM_FI_DEV_VBIOS_VERSION", 85, "VBIOS version of the device", "vbios_version"),
         )
     ),
+    # DCP activity ratios from NVML GPM (Hopper and later)
     *(
-        MetricSpec(name, field_id, "gauge", help_, "ratio", None, note=_NO_DCGM_PROF)
-        for name, field_id, help_ in (
-            ("DCGM_FI_PROF_SM_ACTIVE", 1002, "The ratio of cycles an SM has at least 1 warp assigned."),
-            ("DCGM_FI_PROF_SM_OCCUPANCY", 1003, "The ratio of number of warps resident on an SM."),
-            ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", 1006, "Ratio of cycles the fp64 pipes are active."),
-            ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", 1007, "Ratio of cycles the fp32 pipes are active."),
-            ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", 1008, "Ratio of cycles the fp16 pipes are active."),
+        MetricSpec(name, field_id, "gauge", help_, "ratio", source, note=_GPM)
+        for name, field_id, help_, source in (
+            (
+                "DCGM_FI_PROF_SM_ACTIVE",
+                1002,
+                "The ratio of cycles an SM has at least 1 warp assigned.",
+                "gpm_sm_active",
+            ),
+            (
+                "DCGM_FI_PROF_SM_OCCUPANCY",
+                1003,
+                "The ratio of number of warps resident on an SM.",
+                "gpm_sm_occupancy",
+            ),
+            ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", 1006, "Ratio of cycles the fp64 pipes are active.", "gpm_fp64"),
+            ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", 1007, "Ratio of cycles the fp32 pipes are active.", "gpm_fp32"),
+            ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", 1008, "Ratio of cycles the fp16 pipes are active.", "gpm_fp16"),
         )
     ),
 )
 
 CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
+# dcgm-exporter 1.x names (its etc/1.x-compatibility-metrics.csv), mapped to DCGM fields as go-dcgm's
+# legacy table maps them. A counters file may use them; the metric keeps the 1.x name.
+LEGACY_NAMES: dict[str, str] = {
+    "dcgm_sm_clock": "DCGM_FI_DEV_SM_CLOCK",
+    "dcgm_memory_clock": "DCGM_FI_DEV_MEM_CLOCK",
+    "dcgm_memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
+    "dcgm_gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
+    "dcgm_power_usage": "DCGM_FI_DEV_POWER_USAGE",
+    "dcgm_total_energy_consumption": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "dcgm_pcie_tx_throughput": "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+    "dcgm_pcie_rx_throughput": "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+    "dcgm_pcie_replay_counter": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "dcgm_gpu_utilization": "DCGM_FI_DEV_GPU_UTIL",
+    "dcgm_mem_copy_utilization": "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "dcgm_enc_utilization": "DCGM_FI_DEV_ENC_UTIL",
+    "dcgm_dec_utilization": "DCGM_FI_DEV_DEC_UTIL",
+    "dcgm_xid_errors": "DCGM_FI_DEV_XID_ERRORS",
+    "dcgm_power_violation": "DCGM_FI_DEV_POWER_VIOLATION",
+    "dcgm_thermal_violation": "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "dcgm_sync_boost_violation": "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+    "dcgm_board_limit_violation": "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+    "dcgm_low_util_violation": "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+    "dcgm_reliability_violation": "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+    "dcgm_fb_free": "DCGM_FI_DEV_FB_FREE",
+    "dcgm_fb_used": "DCGM_FI_DEV_FB_USED",
+    "dcgm_ecc_sbe_volatile_total": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "dcgm_ecc_dbe_volatile_total": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "dcgm_ecc_sbe_aggregate_total": "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "dcgm_ecc_dbe_aggregate_total": "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "dcgm_retired_pages_sbe": "DCGM_FI_DEV_RETIRED_SBE",
+    "dcgm_retired_pages_dbe": "DCGM_FI_DEV_RETIRED_DBE",
+    "dcgm_retired_pages_pending": "DCGM_FI_DEV_RETIRED_PENDING",
+    "dcgm_nvlink_flit_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_data_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_replay_error_count_total": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_recovery_error_count_total": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "dcgm_nvlink_bandwidth_total": "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "dcgm_fi_prof_gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "dcgm_fi_prof_sm_active": "DCGM_FI_PROF_SM_ACTIVE",
+    "dcgm_fi_prof_sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
+    "dcgm_fi_prof_pipe_tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "dcgm_fi_prof_dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "dcgm_fi_prof_pcie_tx_bytes": "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "dcgm_fi_prof_pcie_rx_bytes": "DCGM_FI_PROF_PCIE_RX_BYTES",
+}
+_LEGACY: dict[str, MetricSpec] = {
+    old: replace(CATALOG[new], name=old, note=f"dcgm-exporter 1.x name of {new}")
+    for old, new in LEGACY_NAMES.items()
+}
+
 
 def by_name(name: str) -> MetricSpec | None:
-    """The metric called `name` (a DCGM field name, case-sensitive as DCGM spells it), or None."""
-    return CATALOG.get(name)
+    """The metric called `name` (a DCGM field name, case-sensitive as DCGM spells it, or a dcgm-exporter
+    1.x ``dcgm_*`` name, which keeps its name), or None."""
+    return CATALOG.get(name) or _LEGACY.get(name)

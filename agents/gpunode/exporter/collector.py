@@ -1,8 +1,11 @@
 """Renders the latest snapshot as dcgm-exporter's metric families (a prometheus_client collector).
 
 Names, help text and labels are dcgm-exporter's, so dashboards keep working. Its counters are named
-without `_total` (e.g. DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION); prometheus_client would rename a counter
-family, so those are exposed as untyped with their exact names. Nothing here calls NVML.
+without `_total` (e.g. DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION), and prometheus_client would rename a counter
+family, so the families are built as untyped and :func:`type_counters` turns the text format's
+``# TYPE <name> untyped`` into ``# TYPE <name> counter`` for the counters file's counters: exactly
+dcgm-exporter's text. OpenMetrics requires a counter's samples to end in ``_total``; there the counters
+stay ``unknown`` so that every series keeps dcgm-exporter's name. Nothing here calls NVML.
 """
 
 from __future__ import annotations
@@ -59,9 +62,17 @@ def _mig_value(spec: MetricSpec, mig: MigSample) -> float | None:
     return None
 
 
+def type_counters(text: bytes, names: Sequence[str]) -> bytes:
+    """The text format (0.0.4) with each named family typed ``counter`` instead of ``untyped``."""
+    for name in names:
+        text = text.replace(f"# TYPE {name} untyped\n".encode(), f"# TYPE {name} counter\n".encode(), 1)
+    return text
+
+
 class ExporterCollector:
     def __init__(self, counters: Sequence[Counter], options: Options, latest: Callable[[], Snapshot]) -> None:
         self.values = [c for c in counters if c.kind != "label" and c.spec.source is not None]
+        self.counter_names = tuple(c.spec.name for c in self.values if c.kind == "counter")
         self.label_fields = [c for c in counters if c.kind == "label" and c.spec.source is not None]
         self.options = options
         self.latest = latest
@@ -86,6 +97,11 @@ class ExporterCollector:
                 "nvml_version": snap.nvml_version,
                 "brand": info.brand,
                 "serial": info.serial or "",
+                "vbios_version": info.vbios_version,
+                "inforom_oem": info.inforom_oem,
+                "inforom_ecc": info.inforom_ecc,
+                "inforom_power": info.inforom_power,
+                "inforom_image": info.inforom_image,
             }.get(counter.spec.source or "")
             if value is not None:
                 labels[counter.spec.name] = value

@@ -48,6 +48,11 @@ class Snapshot:
 
 
 EMPTY = Snapshot(0.0, "", ())
+GPM_METRICS = (
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE, DCGM_FI_PROF_SM_ACTIVE, DCGM_FI_PROF_SM_OCCUPANCY, "
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, DCGM_FI_PROF_DRAM_ACTIVE, DCGM_FI_PROF_PIPE_FP64_ACTIVE, "
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE, DCGM_FI_PROF_PIPE_FP16_ACTIVE"
+)
 INVENTORY_EVERY = 10  # passes between full inventories (between them: telemetry, MIG mode and devices only)
 
 
@@ -88,6 +93,7 @@ class Sampler:
         if refresh:
             self.known.update({g.index: g for g in await self.nvml.gpus()})  # full inventory now and then
         samples = []
+        without_gpm: list[int] = []
         for index in sorted(self.known):
             info = self.known[index]
             try:
@@ -119,13 +125,15 @@ class Sampler:
                 continue
             if gpm is None and self.passes >= 1 and index not in self.no_gpm:
                 self.no_gpm.add(index)  # the first call only starts the window; after that None means no GPM
-                self.log.info(
-                    "profiling_metrics_unavailable",
-                    gpu=index,
-                    reason="no NVML GPM on this GPU",
-                    metrics="DCGM_FI_PROF_GR_ENGINE_ACTIVE, _PIPE_TENSOR_ACTIVE, _DRAM_ACTIVE",
-                )
+                without_gpm.append(index)
             samples.append(GpuSample(info, tm, migs, gpm))
+        if without_gpm:  # one event for every GPU found without GPM in this pass (normally the second)
+            self.log.info(
+                "profiling_metrics_unavailable",
+                gpus=without_gpm,
+                reason="no NVML GPM on these GPUs (Hopper or later has it); not faked",
+                metrics=GPM_METRICS,
+            )
         attribution = await self._attribution(samples)
         snap = Snapshot(
             taken_at=self.clock(),

@@ -19,7 +19,7 @@ from gpunode.common.httpcore import Health, metrics_route
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import trim_memory
-from gpunode.exporter.collector import ExporterCollector, Options
+from gpunode.exporter.collector import ExporterCollector, Options, type_counters
 from gpunode.exporter.counters import Counter, unavailable
 from gpunode.exporter.podresources import PodResourcesClient
 from gpunode.exporter.sampler import EMPTY, Sampler, Snapshot
@@ -60,6 +60,7 @@ class Exporter:
             registry=registry,
         )
         self.sampler: Sampler | None = None
+        self.collector: ExporterCollector | None = None
         self.gpu_registry = CollectorRegistry(auto_describe=False)  # the GPU series, rendered once per sample
         self._cache: dict[str, tuple[float, float, bytes]] = {}
         self.ready = asyncio.Event()
@@ -88,6 +89,8 @@ class Exporter:
             gpu_part = encoder(self.gpu_registry)
             if gpu_part.endswith(b"# EOF\n"):  # OpenMetrics: one EOF, at the very end
                 gpu_part = gpu_part[: -len(b"# EOF\n")]
+            elif self.collector is not None:  # the text format: dcgm-exporter's counters typed counter
+                gpu_part = type_counters(gpu_part, self.collector.counter_names)
             cached = (taken, now, gpu_part + encoder(self.metrics.registry))
             self._cache[content_type] = cached
         return cached[2], content_type
@@ -110,7 +113,7 @@ class Exporter:
             self.log.info(
                 "metrics_unavailable",
                 metrics=missing,
-                reason="NVML cannot supply them (DCGM profiling, HBM temperature, ...); not faked",
+                reason="NVML cannot supply them; not faked",
             )
         async with contextlib.AsyncExitStack() as stack:
             try:
@@ -134,7 +137,7 @@ class Exporter:
                 resource_names=self.opts.resource_names,
                 on_pod_failure=self._pod_failure,
             )
-            collector = ExporterCollector(
+            collector = self.collector = ExporterCollector(
                 self.opts.counters, Options(self.opts.hostname, self.opts.virtual_gpus), self.latest
             )
             self.gpu_registry.register(collector)

@@ -38,8 +38,10 @@ def scrape(port: int, accept: str | None = None) -> tuple[str, str]:
 def samples(text: str, name: str) -> list[dict[str, str]]:
     out = []
     for fam in text_string_to_metric_families(text):
+        # prometheus_client's parser names a counter's samples <name>_total; the exposition has <name>
+        exposed = name + "_total" if fam.type == "counter" and fam.name == name else name
         for s in fam.samples:
-            if s.name == name:
+            if s.name == exposed:
                 out.append({**s.labels, "__value__": str(s.value)})
     return out
 

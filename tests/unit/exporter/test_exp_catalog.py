@@ -88,6 +88,26 @@ EXTRAS: list[tuple[str, int, str, str]] = [
     ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 112, "gauge", "clock_event_reasons"),
     ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 112, "gauge", "clock_event_reasons"),
     ("DCGM_FI_DEV_PSTATE", 190, "gauge", "pstate"),
+    ("DCGM_FI_DEV_POWER_VIOLATION", 240, "counter", "violation_power_ns"),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", 241, "counter", "violation_thermal_ns"),
+    ("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", 242, "counter", "violation_sync_boost_ns"),
+    ("DCGM_FI_DEV_BOARD_LIMIT_VIOLATION", 243, "counter", "violation_board_limit_ns"),
+    ("DCGM_FI_DEV_LOW_UTIL_VIOLATION", 244, "counter", "violation_low_util_ns"),
+    ("DCGM_FI_DEV_RELIABILITY_VIOLATION", 245, "counter", "violation_reliability_ns"),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 409, "counter", "nvlink_crc_flit_errors"),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", 419, "counter", "nvlink_crc_data_errors"),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 429, "counter", "nvlink_replay_errors"),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 439, "counter", "nvlink_recovery_errors"),
+    ("DCGM_FI_DEV_OEM_INFOROM_VER", 56, "label", "inforom_oem"),
+    ("DCGM_FI_DEV_ECC_INFOROM_VER", 80, "label", "inforom_ecc"),
+    ("DCGM_FI_DEV_POWER_INFOROM_VER", 81, "label", "inforom_power"),
+    ("DCGM_FI_DEV_INFOROM_IMAGE_VER", 82, "label", "inforom_image"),
+    ("DCGM_FI_DEV_VBIOS_VERSION", 85, "label", "vbios_version"),
+    ("DCGM_FI_PROF_SM_ACTIVE", 1002, "gauge", "gpm_sm_active"),
+    ("DCGM_FI_PROF_SM_OCCUPANCY", 1003, "gauge", "gpm_sm_occupancy"),
+    ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", 1006, "gauge", "gpm_fp64"),
+    ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", 1007, "gauge", "gpm_fp32"),
+    ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", 1008, "gauge", "gpm_fp16"),
 ]
 
 # The NVML-library attribute behind each special source: (dataclass, attribute).
@@ -103,14 +123,23 @@ SPECIAL_ORIGINS: dict[str, list[tuple[type, str]]] = {
     "gpm_graphics": [],  # RealNvml.gpm_utilization()["graphics"]
     "gpm_tensor": [],
     "gpm_dram": [],
+    "gpm_sm_active": [],
+    "gpm_sm_occupancy": [],
+    "gpm_fp64": [],
+    "gpm_fp32": [],
+    "gpm_fp16": [],
+    "vbios_version": [(GpuInfo, "vbios_version")],
+    "inforom_oem": [(GpuInfo, "inforom_oem")],
+    "inforom_ecc": [(GpuInfo, "inforom_ecc")],
+    "inforom_power": [(GpuInfo, "inforom_power")],
+    "inforom_image": [(GpuInfo, "inforom_image")],
 }
 
-UNAVAILABLE_DEFAULTS = {
-    "DCGM_FI_DEV_MEMORY_TEMP",
-    "DCGM_FI_DEV_FB_RESERVED",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-}
+# issue 18: every default field has an NVML source now (memory temperature, reserved framebuffer, NVLink
+# bandwidth, vGPU licence status included; a GPU without the feature gets no series)
+UNAVAILABLE_DEFAULTS: set[str] = set()
+# what NVML cannot provide at all, in dcgm-exporter's default and dcp-metrics-included files
+UNAVAILABLE_ANYWHERE = {"DCGM_FI_DEV_NVLINK_BANDWIDTH_L0"}
 
 ALL_SPECS = list(CATALOG.values())
 
@@ -181,8 +210,10 @@ def test_field_ids_are_unique_except_the_clock_reasons_alias() -> None:
 def test_unavailable_defaults_have_no_source() -> None:
     defaults = {r[0] for r in REFERENCE_4_2}
     assert {n for n in defaults if not CATALOG[n].available} == UNAVAILABLE_DEFAULTS
-    # our Telemetry really lacks what those would need
-    assert not {"memory_temp_c", "memory_reserved_mib", "fb_reserved_mib"} & TELEMETRY_FIELDS
+    assert {s.name for s in ALL_SPECS if not s.available} == UNAVAILABLE_ANYWHERE
+    for name in ("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"):
+        assert CATALOG[name].source in TELEMETRY_FIELDS
+    assert CATALOG["DCGM_FI_DEV_VGPU_LICENSE_STATUS"].source == "vgpu_license_status"
 
 
 def test_profiling_ratios_come_from_gpm_or_nowhere() -> None:
@@ -193,7 +224,13 @@ def test_profiling_ratios_come_from_gpm_or_nowhere() -> None:
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gpm_graphics",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "gpm_tensor",
         "DCGM_FI_PROF_DRAM_ACTIVE": "gpm_dram",
+        "DCGM_FI_PROF_SM_ACTIVE": "gpm_sm_active",
+        "DCGM_FI_PROF_SM_OCCUPANCY": "gpm_sm_occupancy",
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE": "gpm_fp64",
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE": "gpm_fp32",
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE": "gpm_fp16",
     }
+    assert len(from_gpm) == len(prof)  # every DCP activity ratio of dcgm-exporter's files
 
 
 def test_pcie_rates_come_from_the_nvml_throughput_sample() -> None:
@@ -230,3 +267,58 @@ def test_spec_is_frozen() -> None:
     spec = CATALOG["DCGM_FI_DEV_GPU_UTIL"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.help = "x"  # type: ignore[misc]
+
+
+# dcgm-exporter's etc/1.x-compatibility-metrics.csv names (go-dcgm's legacy table): (1.x name, field id)
+LEGACY_1X = [
+    ("dcgm_sm_clock", 100),
+    ("dcgm_memory_clock", 101),
+    ("dcgm_memory_temp", 140),
+    ("dcgm_gpu_temp", 150),
+    ("dcgm_power_usage", 155),
+    ("dcgm_total_energy_consumption", 156),
+    ("dcgm_pcie_tx_throughput", 200),
+    ("dcgm_pcie_rx_throughput", 201),
+    ("dcgm_pcie_replay_counter", 202),
+    ("dcgm_gpu_utilization", 203),
+    ("dcgm_mem_copy_utilization", 204),
+    ("dcgm_enc_utilization", 206),
+    ("dcgm_dec_utilization", 207),
+    ("dcgm_xid_errors", 230),
+    ("dcgm_power_violation", 240),
+    ("dcgm_thermal_violation", 241),
+    ("dcgm_sync_boost_violation", 242),
+    ("dcgm_board_limit_violation", 243),
+    ("dcgm_low_util_violation", 244),
+    ("dcgm_reliability_violation", 245),
+    ("dcgm_fb_free", 251),
+    ("dcgm_fb_used", 252),
+    ("dcgm_ecc_sbe_volatile_total", 310),
+    ("dcgm_ecc_dbe_volatile_total", 311),
+    ("dcgm_ecc_sbe_aggregate_total", 312),
+    ("dcgm_ecc_dbe_aggregate_total", 313),
+    ("dcgm_retired_pages_sbe", 390),
+    ("dcgm_retired_pages_dbe", 391),
+    ("dcgm_retired_pages_pending", 392),
+    ("dcgm_nvlink_flit_crc_error_count_total", 409),
+    ("dcgm_nvlink_data_crc_error_count_total", 419),
+    ("dcgm_nvlink_replay_error_count_total", 429),
+    ("dcgm_nvlink_recovery_error_count_total", 439),
+    ("dcgm_nvlink_bandwidth_total", 449),
+    ("dcgm_fi_prof_gr_engine_active", 1001),
+    ("dcgm_fi_prof_sm_active", 1002),
+    ("dcgm_fi_prof_sm_occupancy", 1003),
+    ("dcgm_fi_prof_pipe_tensor_active", 1004),
+    ("dcgm_fi_prof_dram_active", 1005),
+    ("dcgm_fi_prof_pcie_tx_bytes", 1009),
+    ("dcgm_fi_prof_pcie_rx_bytes", 1010),
+]
+
+
+@pytest.mark.parametrize(("name", "field_id"), LEGACY_1X, ids=[r[0] for r in LEGACY_1X])
+def test_1x_names_map_to_their_dcgm_field_and_keep_their_name(name: str, field_id: int) -> None:
+    spec = by_name(name)
+    assert spec is not None
+    assert (spec.name, spec.field_id) == (name, field_id)
+    assert spec.available
+    assert name not in CATALOG  # the catalog itself stays DCGM's names

@@ -69,12 +69,7 @@ DEFAULT_SET: list[tuple[str, str, str]] = [
     ),
 ]
 
-UNAVAILABLE_DEFAULTS = [
-    "DCGM_FI_DEV_MEMORY_TEMP",
-    "DCGM_FI_DEV_FB_RESERVED",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-]
+UNAVAILABLE_DEFAULTS: list[str] = []  # issue 18: NVML supplies every default field
 
 
 def triples(counters: list[Counter]) -> list[tuple[str, str, str]]:
@@ -120,12 +115,12 @@ def test_unavailable_in_the_default_set() -> None:
 
 def test_unavailable_keeps_file_order_and_skips_available() -> None:
     counters = parse_counters(
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, counter, x\n"
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0, counter, x\n"
         "DCGM_FI_DEV_GPU_UTIL, gauge, y\n"
         "DCGM_FI_DEV_MEMORY_TEMP, gauge, z\n",
         "t.csv",
     )
-    assert unavailable(counters) == ["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_MEMORY_TEMP"]
+    assert unavailable(counters) == ["DCGM_FI_DEV_NVLINK_BANDWIDTH_L0"]
     assert unavailable([]) == []
 
 
