@@ -38,7 +38,7 @@ from gpunode.common.httpcore import (
     metrics_route,
     registry_renderer,
 )
-from gpunode.common.logging import get_logger
+from gpunode.common.logging import get_logger, log_loop_exception
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -233,6 +233,7 @@ class HealthServer(Health):
         """The HTTP thread: the endpoint on a private event loop until :meth:`stop`."""
 
         async def main() -> None:
+            asyncio.get_running_loop().set_exception_handler(log_loop_exception)
             try:
                 await endpoint.start(sock)
             except BaseException as exc:

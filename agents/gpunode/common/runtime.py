@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpunode.common import sdnotify
 from gpunode.common.errors import ConfigError, UsageError
-from gpunode.common.logging import Logger, get_logger
+from gpunode.common.logging import Logger, get_logger, install_error_hooks, log_loop_exception
 
 if TYPE_CHECKING:
     from gpunode.common.metrics import AgentMetrics
@@ -143,10 +143,13 @@ def run(
     1 for any other exception (logged as ``fatal_error`` with the traceback), and when a stop outlasts
     ``grace`` seconds after the first signal (negative: no limit) or a second signal arrives.
     Must be called from the main thread (it installs signal handlers, restored on return).
+    Errors nobody catches while it runs (a thread's, an unraisable one, the loop's) are logged as
+    events (:func:`gpunode.common.logging.install_error_hooks`); the previous hooks come back on return.
     """
     logger = log if log is not None else get_logger("gpunode.runtime")
     life = _Lifecycle(grace, logger, force_exit)
     previous = {sig: signal.signal(sig, life.handle_signal) for sig in SHUTDOWN_SIGNALS}
+    restore_hooks = install_error_hooks()
     try:
         with asyncio.Runner() as runner:
             return runner.run(_main(main, life))
@@ -156,10 +159,12 @@ def run(
         life.cancel_timer()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        restore_hooks()
 
 
 async def _main(main: Main, life: _Lifecycle) -> int:
     life.loop = asyncio.get_running_loop()
+    life.loop.set_exception_handler(log_loop_exception)
     try:
         task = asyncio.ensure_future(main() if callable(main) else main)
     except Exception as exc:  # a factory that fails, or returns something that cannot be awaited
