@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 
-def build_56_mig(state: Path) -> None:
-    """A shared simulated dgx-a100 with MIG on every GPU: 7 x 1g.5gb each, 56 MIG devices."""
+def build_56_mig(state: Path, preset: str = "dgx-a100") -> None:
+    """A shared simulated dgx-a100 (or another 8-GPU preset) with MIG on every GPU: 7 one-slice
+    instances each (1g.5gb on A100, 1g.10gb on H100), 56 MIG devices."""
     from gpunode.nvml import mig
     from gpunode.sim import nvml as sim
 
-    sim.init_state_file(state, "dgx-a100", force=True)
+    sim.init_state_file(state, preset, force=True)
     with sim.SimNode.open(state).mutate() as st:
         for gpu in range(8):
             st.set_mig_mode(gpu, 1)

@@ -1,6 +1,10 @@
 """Exporter figures (issue 5), on the simulated dgx-a100 with 56 MIG devices (7 x 1g.5gb per GPU).
 
-    .venv/bin/python benchmarks/exporter.py [--quick] [--json]
+    .venv/bin/python benchmarks/exporter.py [--quick] [--json] [--preset dgx-h100] [--every-field]
+
+--every-field enables every field the catalog knows (issue 18: dcgm-exporter's default and
+dcp-metrics-included fields, violation counters, NVLink, InfoROM/VBIOS labels, GPM ratios); with
+--preset dgx-h100 the node has HBM, NVLink and GPM, so every one of them is sampled and exported.
 
 1. One sampling pass (NVML telemetry + MIG devices + memory), in-process: target <= 20 ms.
 2. Scrape latency of a real `gpunode-exporter` process, one client: p99 <= 5 ms.
@@ -27,11 +31,23 @@ from typing import Any
 import psutil
 
 from benchlib import build_56_mig, load_average, machine_base, percentile
+from gpunode.exporter.catalog import CATALOG
 from gpunode.exporter.sampler import Sampler
 from gpunode.nvml.real import RealNvml
 from gpunode.sim import nvml as sim
 
 EXPORTER = str(Path(sys.executable).with_name("gpunode-exporter"))
+
+
+def every_field_counters(path: Path) -> Path:
+    """A counters file enabling every catalog field (the throttle-reasons alias once)."""
+    lines = [
+        f"{s.name}, {s.kind}, {s.help}"
+        for s in CATALOG.values()
+        if s.name != "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 async def sampling_ms(state: Path, rounds: int) -> list[float]:
@@ -117,17 +133,20 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--preset", default="dgx-a100", help="8-GPU simulator preset (dgx-a100, dgx-h100)")
+    parser.add_argument("--every-field", action="store_true", help="enable every field the catalog knows")
     args = parser.parse_args()
     rounds, scrapes, load_s = (30, 300, 5.0) if args.quick else (200, 2000, 30.0)
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "node.json"
-        build_56_mig(state)
+        build_56_mig(state, args.preset)
         passes = asyncio.run(sampling_ms(state, rounds))
+        fields = ["-f", str(every_field_counters(Path(tmp) / "every-field.csv"))] if args.every_field else []
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
         proc = subprocess.Popen(
-            [EXPORTER, "--sim-state", str(state), "-a", f"127.0.0.1:{port}", "-c", "30000"],
+            [EXPORTER, "--sim-state", str(state), "-a", f"127.0.0.1:{port}", "-c", "30000", *fields],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -204,7 +223,11 @@ def main() -> int:
             c["p99"] <= 50 and c["errors"] == 0,
         ),
     ]
-    mode = "quick" if args.quick else "full"
+    mode = (
+        ("quick" if args.quick else "full")
+        + f", {args.preset}"
+        + (", every field" if args.every_field else "")
+    )
     print(
         f"Exporter benchmark ({mode} run); {info['cpu']}, {info['cpus_usable']} CPUs, {info['python']}, "
         f"load {info['load_average']}"
