@@ -1,0 +1,222 @@
+"""The ClusterPolicy controller against the test API server: a clean simulated cluster (GPU nodes with
+only NFD's labels, and other nodes) reaches ``ready`` with the DaemonSets on GPU nodes only; a second
+reconcile writes nothing; a second ClusterPolicy is ``ignored``, persisted; disabling a component
+deletes its objects; an invalid policy is ``notReady`` naming the path and applies nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpunode.api.clusterpolicy_crd import crd
+from gpunode.deploy.render import render_by_agent
+from gpunode.kube.api import CLUSTER_POLICY, DAEMON_SET
+from gpunode.kube.client import Kube
+from gpunode.operator.controller import ClusterPolicyController, ReconcileResult
+from gpunode.operator.labeller import NodeLabeller
+from gpunode.operator.selection import HASH_ANNOTATION
+from gpunode.sim.apiserver import FakeApiServer
+
+NS = "gpunode"
+NFD = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+CPU_NFD = {"feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"}
+GPU_NODES = ["gpu-0", "gpu-1", "gpu-2"]
+CPU_NODES = ["cpu-0", "cpu-1"]
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def render(policy: Any, namespace: str) -> Mapping[str, Sequence[dict[str, Any]]]:
+    return render_by_agent(policy, namespace=namespace)
+
+
+def policy(name: str, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": name},
+        "spec": spec or {},
+    }
+
+
+@dataclass
+class Cluster:
+    api: FakeApiServer
+    kube: Kube
+    controller: ClusterPolicyController
+    labeller: NodeLabeller
+
+    def writes(self) -> int:
+        return sum(
+            1 for r in self.api.requests if r.method in WRITES and not r.path.startswith("/api/v1/nodes")
+        )
+
+    async def until_ready(self, limit: int = 200) -> ReconcileResult:
+        for _ in range(limit):
+            result = await self.controller.reconcile()
+            if result.state == "ready":
+                return result
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"not ready: {self.status('cluster-policy')}")
+
+    def status(self, name: str) -> dict[str, Any]:
+        obj = self.api.get("ClusterPolicy", name)
+        assert obj is not None
+        return dict(obj.get("status") or {})
+
+
+@contextlib.asynccontextmanager
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    with FakeApiServer() as api:
+        for n in GPU_NODES:
+            api.add_node(n, labels={"kubernetes.io/hostname": n, **NFD})
+        for n in CPU_NODES:
+            api.add_node(n, labels={"kubernetes.io/hostname": n, **CPU_NFD})
+        api.write_kubeconfig(tmp_path / "kubeconfig")
+        kube = Kube.connect_cluster(str(tmp_path / "kubeconfig"), namespace=NS, backoff=(0.01, 0.05))
+        labeller = NodeLabeller(kube)
+        task = asyncio.create_task(labeller.run())
+        try:
+            await kube.apply(crd())
+            await kube.apply(policy("cluster-policy"), field_manager="user")
+            await asyncio.wait_for(labeller.wait_idle(), 10)
+            controller = ClusterPolicyController(
+                kube, render, namespace=NS, nodes=lambda: [n.labels for n in labeller.nodes.values()]
+            )
+            yield Cluster(api, kube, controller, labeller)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await kube.aclose()
+
+
+def gpunode_daemonsets(api: FakeApiServer) -> list[dict[str, Any]]:
+    return [d for d in api.objects("DaemonSet", NS) if "nfd" not in d["metadata"]["name"]]
+
+
+async def test_clean_cluster_reaches_ready_with_daemonsets_on_gpu_nodes_only(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        first = await c.controller.reconcile()
+        assert first.active == "cluster-policy"
+        assert first.applied  # every rendered object, once
+        await c.until_ready()
+        status = c.status("cluster-policy")
+        assert status["state"] == "ready"
+        assert status["namespace"] == NS
+        ready = next(x for x in status["conditions"] if x["type"] == "Ready")
+        assert (ready["status"], ready["reason"]) == ("True", "Reconciled")
+        names = [s["name"] for s in status["states"]]
+        assert names[:3] == ["pre-requisites", "state-driver", "state-container-toolkit"]
+        daemonsets = gpunode_daemonsets(c.api)
+        assert len(daemonsets) == 6  # driver, toolkit, device plugin, GFD, exporter, MIG manager
+        for ds in daemonsets:
+            owner = ds["metadata"]["ownerReferences"][0]
+            assert (owner["kind"], owner["name"], owner["controller"]) == (
+                "ClusterPolicy",
+                "cluster-policy",
+                True,
+            )
+            assert HASH_ANNOTATION in ds["metadata"]["annotations"]
+            pods = [
+                p
+                for p in c.api.objects("Pod", NS)
+                if any(r["uid"] == ds["metadata"]["uid"] for r in p["metadata"].get("ownerReferences", []))
+            ]
+            nodes = sorted(p["spec"]["nodeName"] for p in pods)
+            # NFD's labels alone do not make a node MIG-capable: no MIG manager label, no pod
+            expected = [] if ds["metadata"]["name"].endswith("mig-manager") else GPU_NODES
+            assert nodes == expected, ds["metadata"]["name"]
+        assert c.api.get("Namespace", NS) is not None
+
+
+async def test_a_second_reconcile_with_nothing_changed_writes_nothing(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        await c.until_ready()
+        before = c.writes()
+        result = await c.controller.reconcile()
+        assert result.writes == 0
+        assert result.requeue_after is None  # ready: events only
+        assert c.writes() == before
+        # a restarted operator (no memory of what it applied) writes nothing either
+        fresh = ClusterPolicyController(c.kube, render, namespace=NS)
+        result = await fresh.reconcile()
+        assert (result.writes, result.state) == (0, "ready")
+        assert c.writes() == before
+
+
+async def test_a_second_policy_is_ignored_and_that_is_persisted(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        await c.until_ready()
+        await c.kube.apply(policy("zz-second"), field_manager="user")
+        result = await c.controller.reconcile()
+        assert result.active == "cluster-policy"
+        status = c.status("zz-second")
+        assert status["state"] == "ignored"
+        cond = next(x for x in status["conditions"] if x["type"] == "Ready")
+        assert "'cluster-policy'" in cond["message"]
+        assert c.status("cluster-policy")["state"] == "ready"
+        before = c.writes()
+        assert (await c.controller.reconcile()).writes == 0  # the ignored status is not rewritten
+        assert c.writes() == before
+
+
+async def test_disabling_a_component_deletes_its_objects(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        await c.until_ready()
+        plugin = [
+            d["metadata"]["name"]
+            for d in gpunode_daemonsets(c.api)
+            if "device-plugin" in d["metadata"]["name"]
+        ]
+        assert plugin
+        await c.kube.apply(
+            policy("cluster-policy", {"devicePlugin": {"enabled": False}}), field_manager="user"
+        )
+        result = await c.controller.reconcile()
+        assert any(f"DaemonSet {NS}/{plugin[0]}" == d for d in result.deleted)
+        assert await c.kube.get_object(DAEMON_SET, plugin[0]) is None
+        states = {s["name"]: s["state"] for s in c.status("cluster-policy")["states"]}
+        assert states["state-device-plugin"] == "disabled"
+        assert (await c.controller.reconcile()).deleted == []  # deleted once
+
+
+async def test_an_invalid_policy_is_not_ready_names_the_path_and_applies_nothing(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        await c.until_ready()
+        before = [r for r in c.api.requests if r.method == "PATCH" and "/status" not in r.path]
+        # the CRD schema lets a string through where the model wants a known enum value
+        await c.kube.apply(policy("cluster-policy", {"mig": {"strategy": "bogus"}}), field_manager="user")
+        after_user = len([r for r in c.api.requests if r.method == "PATCH" and "/status" not in r.path])
+        result = await c.controller.reconcile()
+        assert result.state == "notReady"
+        assert result.applied == []
+        assert (
+            len([r for r in c.api.requests if r.method == "PATCH" and "/status" not in r.path]) == after_user
+        )
+        assert after_user == len(before) + 1
+        status = c.status("cluster-policy")
+        error = next(x for x in status["conditions"] if x["type"] == "Error")
+        assert error["status"] == "True"
+        assert "spec.mig.strategy" in error["message"]
+        obj = await c.kube.get_object(CLUSTER_POLICY, "cluster-policy")
+        assert obj is not None
+
+
+async def test_requeue_5_s_while_not_ready_45_s_without_nfd_labels_else_events_only(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        c.api.daemon_pod_phase = "Pending"  # pods stay unready
+        result = await c.controller.reconcile()
+        assert (result.state, result.requeue_after) == ("notReady", 5.0)
+        not_ready = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Ready")
+        assert not_ready["reason"] == "OperandNotReady"
+        no_nfd = ClusterPolicyController(
+            c.kube, render, namespace=NS, nodes=lambda: [{"kubernetes.io/os": "linux"}]
+        )
+        result = await no_nfd.reconcile()
+        assert (result.state, result.requeue_after) == ("notReady", 45.0)
+        missing = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Ready")
+        assert missing["reason"] == "NFDLabelsMissing"
