@@ -755,13 +755,12 @@ class RealNvml:
         h = self._handle(index)
         o = _optional
         util = o(pynvml.nvmlDeviceGetUtilizationRates, h)
+        # v2 splits the driver's reserved memory out of "used" (total = used + free + reserved), as DCGM's
+        # FB_USED / FB_RESERVED do; a driver without v2 answers v1, whose "used" includes the reserved part
         mem2 = o(pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
-        # used and free as nvmlMemory_t (v1) counts them: the reserved part is "used"
-        used_bytes = int(mem2.used) + int(mem2.reserved) if mem2 is not None else None
-        mem = o(pynvml.nvmlDeviceGetMemoryInfo, h) if mem2 is None else None
-        if mem is not None:
-            used_bytes = int(mem.used)
-        free_bytes = int(mem2.free) if mem2 is not None else int(mem.free) if mem is not None else None
+        mem = mem2 if mem2 is not None else o(pynvml.nvmlDeviceGetMemoryInfo, h)
+        used_bytes = int(mem.used) if mem is not None else None
+        free_bytes = int(mem.free) if mem is not None else None
         power = o(pynvml.nvmlDeviceGetPowerUsage, h)
         enc = o(pynvml.nvmlDeviceGetEncoderUtilization, h)
         dec = o(pynvml.nvmlDeviceGetDecoderUtilization, h)
