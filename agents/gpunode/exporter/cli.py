@@ -30,6 +30,7 @@ def start(ctx: AgentContext[ExporterSettings]) -> Started:
         pod_resources_socket=Path(s.pod_resources_socket),
         virtual_gpus=s.kubernetes_virtual_gpus,
         resource_names=tuple(n.strip() for n in s.nvidia_resource_names.split(",") if n.strip()),
+        old_namespace=s.use_old_namespace,
     )
     return Started(Exporter(opts, ctx.open_nvml).run())
 

@@ -30,6 +30,7 @@ APPROXIMATE = frozenset({"pcie_tx_bytes", "pcie_rx_bytes"})
 class Options:
     hostname: str | None
     virtual_gpus: bool = False  # KUBERNETES_VIRTUAL_GPUS: one series per sharing pod, with `vgpu`
+    old_namespace: bool = False  # DCGM_EXPORTER_USE_OLD_NAMESPACE: the GPU UUID label is `uuid`
 
 
 def _telemetry_value(spec: MetricSpec, gpu: GpuSample) -> float | None:
@@ -84,7 +85,7 @@ class ExporterCollector:
         info = gpu.info
         labels = {
             "gpu": str(info.index),
-            "UUID": info.uuid,
+            "uuid" if self.options.old_namespace else "UUID": info.uuid,
             "pci_bus_id": info.pci.bus_id,
             "device": f"nvidia{info.minor}",
             "modelName": info.name,

@@ -40,6 +40,7 @@ class ExporterOptions:
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     virtual_gpus: bool = False
     resource_names: tuple[str, ...] = ()
+    old_namespace: bool = False
 
 
 class Exporter:
@@ -138,7 +139,9 @@ class Exporter:
                 on_pod_failure=self._pod_failure,
             )
             collector = self.collector = ExporterCollector(
-                self.opts.counters, Options(self.opts.hostname, self.opts.virtual_gpus), self.latest
+                self.opts.counters,
+                Options(self.opts.hostname, self.opts.virtual_gpus, self.opts.old_namespace),
+                self.latest,
             )
             self.gpu_registry.register(collector)
             async with asyncio.TaskGroup() as tg:

@@ -67,6 +67,13 @@ class ExporterSettings:
         default="",
         help="extra resource names to attribute (comma-separated, e.g. nvidia.com/gpu.shared)",
     )
+    use_old_namespace: bool = setting(
+        "--use-old-namespace",
+        env="DCGM_EXPORTER_USE_OLD_NAMESPACE",
+        type=bool,
+        default=False,
+        help="dcgm-exporter 1.x label: uuid instead of UUID (metric names come from the counters file)",
+    )
     no_hostname: bool = setting(
         "--no-hostname",
         env="DCGM_EXPORTER_NO_HOSTNAME",

@@ -69,12 +69,23 @@ def get(port: int, accept: str | None = None) -> str:
         return str(resp.read().decode())
 
 
-def start(state: Path, counters: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start(state: Path, counters: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     proc = subprocess.Popen(
-        [EXPORTER, "--sim-state", str(state), "-a", f"127.0.0.1:{port}", "-c", "300", "-f", str(counters)],
+        [
+            EXPORTER,
+            "--sim-state",
+            str(state),
+            "-a",
+            f"127.0.0.1:{port}",
+            "-c",
+            "300",
+            "-f",
+            str(counters),
+            *extra,
+        ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 15
     while True:
@@ -221,7 +232,7 @@ def test_a_1x_counters_file_exports_its_names(tmp_path: Path) -> None:
     sim.init_state_file(state, "dgx-h100")
     counters = tmp_path / "1x.csv"
     counters.write_text(ONE_X)
-    proc, port = start(state, counters)
+    proc, port = start(state, counters, "--use-old-namespace")  # DCGM_EXPORTER_USE_OLD_NAMESPACE
     try:
         deadline = time.monotonic() + 15
         while "dcgm_fi_prof_gr_engine_active{" not in (text := get(port)):
@@ -245,3 +256,4 @@ def test_a_1x_counters_file_exports_its_names(tmp_path: Path) -> None:
     assert "# HELP dcgm_sm_clock SM clock (MHz).\n" in text
     assert "DCGM_FI_DEV_SM_CLOCK" not in text
     assert "dcgm_fi_prof_sm_active" not in text
+    assert all('uuid="GPU-' in line and "UUID=" not in line for line in series(text, "dcgm_sm_clock"))
