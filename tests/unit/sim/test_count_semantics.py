@@ -66,7 +66,7 @@ def _output_only(null_counts: bool, needed: int) -> tuple[Row, ...]:
     return (
         Row("count 0, array large enough", 0, needed + 3, SUCCESS, None),
         Row("count equal to the items", needed, needed, SUCCESS, None),
-        Row("count larger than the items", 64, 64, SUCCESS, None),
+        Row("count larger than the items", 2 * needed + 8, 2 * needed + 8, SUCCESS, None),
         Row("count 0, array exactly large enough", 0, needed, SUCCESS, None),
         Row("array one short of the items", needed, needed - 1, OVERFLOW, None),
         Row("NULL array", 0, NULL, SUCCESS if null_counts else INVALID, None if null_counts else 0),
@@ -84,9 +84,9 @@ def _in_out(needed: int) -> tuple[Row, ...]:
         Row("count 0, NULL asks for the size", 0, NULL, SMALL, None),
         Row("count 0 with an array", 0, needed + 3, SMALL, None),
         Row("count one short", needed - 1, needed - 1, SMALL, None),
-        Row("count one short, array large enough", needed - 1, 64, SMALL, None),
+        Row("count one short, array large enough", needed - 1, 2 * needed + 8, SMALL, None),
         Row("count equal to the items", needed, needed, SUCCESS, None),
-        Row("count larger than the items", 64, 64, SUCCESS, None),
+        Row("count larger than the items", 2 * needed + 8, 2 * needed + 8, SUCCESS, None),
         Row("count says enough, array one short", needed, needed - 1, OVERFLOW, None),
         Row("count says enough, NULL array", needed, NULL, INVALID, None),
     )
@@ -132,6 +132,22 @@ CALLS = (
         lambda w: (w.plain_gpu,),
         True,
         _in_out(3),
+    ),
+    Call(
+        "nvmlDeviceGetSupportedMemoryClocks",
+        ctypes.c_uint,
+        1,  # one memory clock (the simulator reports the maximum, as HBM GPUs do)
+        lambda w: (w.plain_gpu,),
+        True,
+        _in_out(1),
+    ),
+    Call(
+        "nvmlDeviceGetSupportedGraphicsClocks",
+        ctypes.c_uint,
+        81,  # A100: 1410 MHz down to 210 MHz in 15 MHz steps
+        lambda w: (w.plain_gpu, 1215),
+        True,
+        _in_out(81),
     ),
     Call(
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
@@ -193,11 +209,15 @@ def test_count_semantics(world: World, call: Call, row: Row) -> None:
     rc, count, array = _call(world, call, row)
     assert (rc, count.value) == (SMALL if row.expect == OVERFLOW else row.expect, needed)
     if rc == SUCCESS and array is not None:
-        written = [bytes(array[i]) for i in range(needed)]
-        assert all(any(entry) for entry in written), "every returned entry is filled in"
-        assert not any(any(bytes(array[i])) for i in range(needed, len(array))), "nothing past the count"
+        assert all(any(_entry(array, i)) for i in range(needed)), "every returned entry is filled in"
+        assert not any(any(_entry(array, i)) for i in range(needed, len(array))), "nothing past the count"
     elif array is not None:
-        assert not any(any(bytes(entry)) for entry in array), "nothing written on failure"
+        assert not any(any(_entry(array, i)) for i in range(len(array))), "nothing written on failure"
+
+
+def _entry(array: Any, i: int) -> bytes:
+    size = ctypes.sizeof(array._type_)
+    return ctypes.string_at(ctypes.addressof(array) + i * size, size)
 
 
 def test_pynvml_wrappers_read_the_counts(nvml_sim: sim.FakeNvmlLib) -> None:
@@ -205,6 +225,11 @@ def test_pynvml_wrappers_read_the_counts(nvml_sim: sim.FakeNvmlLib) -> None:
     assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(world.plain_gpu)] == [101, 102, 103]
     assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(world.plain_gpu) == []
     assert pynvml.nvmlDeviceGetMPSComputeRunningProcesses(world.plain_gpu) == []
+    assert pynvml.nvmlDeviceGetSupportedMemoryClocks(world.plain_gpu) == [1215]
+    graphics = pynvml.nvmlDeviceGetSupportedGraphicsClocks(world.plain_gpu, 1215)
+    assert (graphics[0], graphics[-1], len(graphics)) == (1410, 210, 81)
+    with pytest.raises(pynvml.NVMLError_NotFound):  # not a supported memory clock
+        pynvml.nvmlDeviceGetSupportedGraphicsClocks(world.plain_gpu, 1000)
 
 
 # -- nvmlDeviceGetRetiredPages: in/out (pre-Ampere GPUs retire pages; T4 is Turing) --------------------

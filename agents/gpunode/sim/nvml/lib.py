@@ -74,6 +74,7 @@ NVLINK_RAW_KIB_PER_S = {FIELD_NVLINK_RAW_TX: 150_000, FIELD_NVLINK_RAW_RX: 140_0
 # reliability): the share of time each one held the clocks back, as a violation time in ns since boot
 FIELD_VIOLATION_SHARES = {74: 0.02, 75: 0.001, 76: 0.0, 77: 0.0, 78: 0.3, 79: 0.0}
 GPM_POINTS = 10  # utilisation points averaged over a GPM interval
+MIN_GRAPHICS_CLOCK, GRAPHICS_CLOCK_STEP = 210, 15  # supported graphics clocks: max down to 210 MHz
 CArgObject = type(ctypes.byref(ctypes.c_int()))
 
 
@@ -406,6 +407,8 @@ class FakeNvmlLib:
             ),
             ("nvmlDeviceGetClockInfo", "hvp", d(self._clock)),
             ("nvmlDeviceGetMaxClockInfo", "hvp", d(self._max_clock)),
+            ("nvmlDeviceGetSupportedMemoryClocks", "hpn", d(self._supported_memory_clocks)),
+            ("nvmlDeviceGetSupportedGraphicsClocks", "hvpn", d(self._supported_graphics_clocks)),
             ("nvmlDeviceGetPcieThroughput", "hvp", d(self._pcie_throughput)),
             (
                 "nvmlDeviceGetPcieReplayCounter",
@@ -1304,6 +1307,19 @@ class FakeNvmlLib:
         }
         return self._set(p, values[t]) if t in values else codes.INVALID_ARGUMENT
 
+    def _supported_memory_clocks(self, st: SimNodeState, key: tuple[Any, ...], cnt: Any, arr: Any) -> int:
+        clocks = [st.product(key[1]).max_mem_clock]  # one memory clock, its maximum, as HBM GPUs report
+        return self._fill_in_out("nvmlDeviceGetSupportedMemoryClocks", arr, cnt, clocks, _write_u32)
+
+    def _supported_graphics_clocks(
+        self, st: SimNodeState, key: tuple[Any, ...], mem_clock: Any, cnt: Any, arr: Any
+    ) -> int:
+        product = st.product(key[1])
+        if _val(mem_clock) != product.max_mem_clock:
+            return codes.NOT_FOUND  # not a supported memory clock
+        clocks = list(range(product.max_sm_clock, MIN_GRAPHICS_CLOCK - 1, -GRAPHICS_CLOCK_STEP))
+        return self._fill_in_out("nvmlDeviceGetSupportedGraphicsClocks", arr, cnt, clocks, _write_u32)
+
     def _pcie_throughput(self, st: SimNodeState, key: tuple[Any, ...], counter: Any, p: Any) -> int:
         tm = self._tm(st, key)
         c = _val(counter)
@@ -1572,6 +1588,10 @@ def _write_items(arr: Any, items: list[Any], write: Callable[[Any, Any], None]) 
     base, elem = _elements(arr)
     for i, item in enumerate(items):
         write(elem.from_address(base + i * ctypes.sizeof(elem)), item)
+
+
+def _write_u32(slot: Any, value: int) -> None:
+    slot.value = value
 
 
 def _write_u64(slot: Any, value: int) -> None:
