@@ -1,0 +1,148 @@
+"""gpunode-operator as a real process against the test API server: --leader-elect takes the Lease, the
+ClusterPolicy goes ready, /healthz and /readyz answer, SIGTERM stops it; usage errors exit 2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from gpunode.api.clusterpolicy_crd import crd
+from gpunode.kube.client import Kube
+from gpunode.sim.apiserver import FakeApiServer
+from helpers.waiting import wait_until
+
+OPERATOR = [
+    sys.executable,
+    "-c",
+    "import sys; from gpunode.deploy.operator_cli import main; sys.exit(main())",
+]
+NFD = {"feature.node.kubernetes.io/pci-10de.present": "true"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_operator_process_reaches_ready_under_leader_election(tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        for n in ("gpu-0", "gpu-1"):
+            api.add_node(n, labels={"kubernetes.io/hostname": n, **NFD})
+        api.add_node("cpu-0", labels={"kubernetes.io/hostname": "cpu-0"})
+        kubeconfig = tmp_path / "kubeconfig"
+        api.write_kubeconfig(kubeconfig)
+        port = free_port()
+        log = tmp_path / "operator.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    *OPERATOR,
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--leader-elect",
+                    "--identity",
+                    "replica-a",
+                    "--namespace",
+                    "gpunode",
+                    "--http-address",
+                    "127.0.0.1",
+                    "--http-port",
+                    str(port),
+                    "--log-format",
+                    "json",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_until(
+                lambda: (
+                    api.get("Lease", "gpunode-operator", "gpunode") is not None or proc.poll() is not None
+                ),
+                20,
+            )
+            assert proc.poll() is None, log.read_text()
+            lease = api.get("Lease", "gpunode-operator", "gpunode")
+            assert lease is not None
+            assert lease["spec"]["holderIdentity"] == "replica-a"
+            wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, 10)
+            status, body = http_get(f"http://127.0.0.1:{port}/readyz")
+            assert status == 200, body
+
+            # the policy arrives after the operator started: the watch brings it
+            async def create() -> None:
+                kube = Kube.connect_cluster(str(kubeconfig), namespace="gpunode")
+                try:
+                    await kube.apply(crd(), field_manager="user")
+                    await kube.apply(
+                        {
+                            "apiVersion": "nvidia.com/v1",
+                            "kind": "ClusterPolicy",
+                            "metadata": {"name": "cluster-policy"},
+                            "spec": {},
+                        },
+                        field_manager="user",
+                    )
+                finally:
+                    await kube.aclose()
+
+            asyncio.run(create())
+
+            def ready() -> bool:
+                obj = api.get("ClusterPolicy", "cluster-policy")
+                return (
+                    bool(obj and (obj.get("status") or {}).get("state") == "ready") or proc.poll() is not None
+                )
+
+            wait_until(ready, 30)
+            assert proc.poll() is None, log.read_text()
+            pods = {
+                p["spec"]["nodeName"]
+                for p in api.objects("Pod", "gpunode")
+                if "nfd" not in p["metadata"]["name"]
+            }
+            assert pods == {"gpu-0", "gpu-1"}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+        assert code == 0, log.read_text()[-3000:]
+        events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+        assert any(e.get("event") == "reconciled" for e in events)
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    missing = subprocess.run(
+        [*OPERATOR, "--kubeconfig", str(tmp_path / "nope")], capture_output=True, text=True, timeout=30
+    )
+    assert missing.returncode == 2
+    assert "kubeconfig" in missing.stderr
+    bad = subprocess.run(
+        [*OPERATOR, "--kubeconfig", str(tmp_path / "nope"), "--lease-duration", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert bad.returncode == 2
+    assert "--lease-duration" in bad.stderr
+    helped = subprocess.run([*OPERATOR, "--help"], capture_output=True, text=True, timeout=30)
+    assert helped.returncode == 0
+    assert "--leader-elect" in helped.stdout
