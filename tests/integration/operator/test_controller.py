@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.render import render_by_agent
-from gpunode.kube.api import CLUSTER_POLICY, DAEMON_SET
+from gpunode.kube.api import CLUSTER_POLICY, DAEMON_SET, KubeForbidden
 from gpunode.kube.client import Kube
 from gpunode.operator.controller import ClusterPolicyController, ReconcileResult
 from gpunode.operator.labeller import NodeLabeller
@@ -220,3 +222,15 @@ async def test_requeue_5_s_while_not_ready_45_s_without_nfd_labels_else_events_o
         assert (result.state, result.requeue_after) == ("notReady", 45.0)
         missing = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Ready")
         assert missing["reason"] == "NFDLabelsMissing"
+
+
+async def test_a_refused_write_names_what_to_grant_in_the_status(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        c.api.forbid("patch", "daemonsets")
+        with pytest.raises(KubeForbidden):
+            await c.controller.reconcile()
+        status = c.status("cluster-policy")
+        assert status["state"] == "notReady"
+        error = next(x for x in status["conditions"] if x["type"] == "Error")
+        assert (error["status"], error["reason"]) == ("True", "ReconcileFailed")
+        assert 'verb "patch" on resource "daemonsets" (apiGroups: ["apps"])' in error["message"]
