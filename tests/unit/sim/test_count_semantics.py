@@ -8,7 +8,8 @@ Called the way pynvml calls the C library: the symbol from ``_nvmlGetFunctionPoi
   count. Placements accept a NULL array "to discover the number"; instance lists do not
   (INVALID_ARGUMENT).
 * in/out ("Reference in which to provide the array size, and to return the number of elements"):
-  too small -> INSUFFICIENT_SIZE with the count needed; nothing to return -> SUCCESS with 0.
+  too small -> INSUFFICIENT_SIZE with the count needed; nothing to return -> SUCCESS with 0; NULL
+  only with ``*count = 0`` ("for this call infos is allowed to be NULL"), INVALID_ARGUMENT otherwise.
 * input only (field values: how many entries to read and fill).
 
 An array shorter than what NVML writes overflows in the real library: strict mode raises
@@ -79,6 +80,7 @@ def _in_out(needed: int) -> tuple[Row, ...]:
             Row("count 0, NULL: nothing to return", 0, NULL, SUCCESS, 0),
             Row("count 0, array: nothing to return", 0, 4, SUCCESS, 0),
             Row("count 8, array: nothing to return", 8, 8, SUCCESS, 0),
+            Row("count 8, NULL array", 8, NULL, INVALID, 8),
         )
     return (
         Row("count 0, NULL asks for the size", 0, NULL, SMALL, None),
@@ -89,6 +91,7 @@ def _in_out(needed: int) -> tuple[Row, ...]:
         Row("count larger than the items", 2 * needed + 8, 2 * needed + 8, SUCCESS, None),
         Row("count says enough, array one short", needed, needed - 1, OVERFLOW, None),
         Row("count says enough, NULL array", needed, NULL, INVALID, None),
+        Row("count larger than the items, NULL array", needed + 1, NULL, INVALID, needed + 1),
     )
 
 
@@ -254,7 +257,8 @@ def test_retired_pages_count_semantics(strict: bool, row: Row) -> None:
                 fn(h, cause, ctypes.byref(count), array)
             return
         rc = fn(h, cause, ctypes.byref(count), array)
-        assert (rc, count.value) == (SMALL if row.expect == OVERFLOW else row.expect, 2)
+        needed = 2 if row.count_out is None else row.count_out
+        assert (rc, count.value) == (SMALL if row.expect == OVERFLOW else row.expect, needed)
         assert len(pynvml.nvmlDeviceGetRetiredPages(h, cause)) == 2
     finally:
         sim.uninstall()

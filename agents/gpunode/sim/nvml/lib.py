@@ -888,7 +888,8 @@ class FakeNvmlLib:
     #   whatever *count held; the array "must be large enough". NULL asks for the count where the
     #   header allows it (placements), and is INVALID_ARGUMENT where it does not (instances).
     # * in/out (processes, retired pages, supported clocks): *count gives the array size; too small:
-    #   INSUFFICIENT_SIZE with the count needed, nothing written; none to return: SUCCESS, count 0.
+    #   INSUFFICIENT_SIZE with the count needed, nothing written; none to return: SUCCESS, count 0;
+    #   a NULL array only with *count = 0 (asking for the size), INVALID_ARGUMENT otherwise.
     # * input only (field values): *count entries are read and written.
     # An array shorter than what NVML writes would overflow in the real library: strict mode raises
     # StrictModeViolation; lenient mode answers INSUFFICIENT_SIZE and never writes past the array.
@@ -924,11 +925,11 @@ class FakeNvmlLib:
         if count.value < len(items):
             count.value = len(items)
             return codes.INSUFFICIENT_SIZE
+        if arr is None and count.value > 0:
+            return codes.INVALID_ARGUMENT  # NULL is allowed only to ask for the size (*count = 0)
         count.value = len(items)
         if not items:
             return codes.SUCCESS
-        if arr is None:
-            return codes.INVALID_ARGUMENT
         if not self._fits(name, arr, len(items)):
             return codes.INSUFFICIENT_SIZE
         _write_items(arr, items, write)
