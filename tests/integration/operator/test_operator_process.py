@@ -146,3 +146,97 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     helped = subprocess.run([*OPERATOR, "--help"], capture_output=True, text=True, timeout=30)
     assert helped.returncode == 0
     assert "--leader-elect" in helped.stdout
+
+
+def _start(kubeconfig: Path, identity: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                *OPERATOR,
+                "--kubeconfig",
+                str(kubeconfig),
+                "--leader-elect",
+                "--lease-duration",
+                "3",
+                "--identity",
+                identity,
+                "--namespace",
+                "gpunode",
+                "--http-port",
+                "-1",
+                "--log-format",
+                "json",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _events(log: Path, name: str) -> list[dict[str, object]]:
+    found = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("event") == name:
+                found.append(event)
+    return found
+
+
+def test_leader_failover_the_standby_takes_over_and_never_wrote_before(tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        api.add_node("gpu-0", labels={"kubernetes.io/hostname": "gpu-0", **NFD})
+        kubeconfig = tmp_path / "kubeconfig"
+        api.write_kubeconfig(kubeconfig)
+
+        async def create() -> None:
+            kube = Kube.connect_cluster(str(kubeconfig), namespace="gpunode")
+            try:
+                await kube.apply(crd(), field_manager="user")
+                await kube.apply(
+                    {
+                        "apiVersion": "nvidia.com/v1",
+                        "kind": "ClusterPolicy",
+                        "metadata": {"name": "cluster-policy"},
+                        "spec": {},
+                    },
+                    field_manager="user",
+                )
+            finally:
+                await kube.aclose()
+
+        asyncio.run(create())
+        logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
+        a = _start(kubeconfig, "a", logs["a"])
+        procs = [a]
+        try:
+
+            def holder() -> str:
+                lease = api.get("Lease", "gpunode-operator", "gpunode")
+                return str(lease["spec"].get("holderIdentity") or "") if lease else ""
+
+            wait_until(lambda: holder() == "a" or a.poll() is not None, 20)
+            b = _start(kubeconfig, "b", logs["b"])
+            procs.append(b)
+
+            def ready() -> bool:
+                obj = api.get("ClusterPolicy", "cluster-policy")
+                return bool(obj and (obj.get("status") or {}).get("state") == "ready")
+
+            wait_until(ready, 30)
+            wait_until(lambda: b.poll() is None and len(logs["b"].read_bytes()) > 0, 10)
+            assert holder() == "a"
+            assert _events(logs["b"], "reconciled") == []  # the standby wrote nothing
+            a.kill()  # no release: b must wait for the lease to expire
+            a.wait(10)
+            wait_until(lambda: holder() == "b", 15)
+            wait_until(lambda: bool(_events(logs["b"], "reconciled")), 15)
+            assert ready()
+            assert b.poll() is None, logs["b"].read_text()[-3000:]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+                    try:
+                        p.wait(15)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
