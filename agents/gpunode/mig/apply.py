@@ -24,7 +24,7 @@ import json
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from gpunode.api.mig_config import MigEntry
 from gpunode.common.atomic import atomic_write
 from gpunode.common.logging import get_logger
 from gpunode.mig.plan import DesiredGpu, GpuPlan, NodePlan, plan_node
-from gpunode.mig.selection import desired_per_gpu
+from gpunode.mig.selection import desired_per_gpu, no_gpu_matched
 from gpunode.mig.state import Resetter, identity, read_states, select_gpus
 from gpunode.nvml import errors
 from gpunode.nvml.api import GpuInfo, Nvml, Placement
@@ -143,6 +143,7 @@ class Applier:
         self.progress = progress or (lambda _line: None)
         self.log = get_logger("gpunode.mig")
         self._steps = 0
+        self._no_match: str | None = None  # set by desired(): the config matches no GPU here
         self._after_step = after_step if after_step is not None else _step_hook  # tests only
 
     # -- planning --------------------------------------------------------------------------------------
@@ -150,15 +151,20 @@ class Applier:
         self, name: str, entries: Sequence[MigEntry]
     ) -> tuple[list[GpuInfo], dict[int, DesiredGpu]]:
         gpus = await self.nvml.gpus()
-        chosen = desired_per_gpu(name, entries, [identity(g) for g in gpus])
+        ids = [identity(g) for g in gpus]
+        chosen = desired_per_gpu(name, entries, ids)
         desired = {i: DesiredGpu(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
+        self._no_match = no_gpu_matched(name, entries, ids)
+        if self._no_match is not None:
+            self.log.warning("mig_config_matches_no_gpu", config=name, detail=self._no_match)
         return gpus, desired
 
     async def plan(
         self, gpus: Sequence[GpuInfo], desired: Mapping[int, DesiredGpu], *, mode_only: bool = False
     ) -> NodePlan:
         states = await read_states(self.nvml, select_gpus(gpus, desired))
-        return plan_node(states, desired, mode_only=mode_only)
+        plan = plan_node(states, desired, mode_only=mode_only)
+        return replace(plan, no_gpu_matched=self._no_match) if self._no_match is not None else plan
 
     async def check(self, name: str, entries: Sequence[MigEntry], *, mode_only: bool = False) -> NodePlan:
         """``assert``: the plan that would run (empty: the layout is in place)."""

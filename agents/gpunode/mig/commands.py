@@ -122,6 +122,8 @@ async def apply(s: ApplySettings, selected: Selected) -> int:
             force=s.force,
             source=str(s.config_file),
         )
+        if report.plan is not None and report.plan.no_gpu_matched:
+            print(f"gpunode-mig: warning: {report.plan.no_gpu_matched}", file=sys.stderr)
         if s.dry_run:
             assert report.plan is not None
             print("\n".join(report.plan.describe()) if not report.plan.empty else "nothing to change")
@@ -138,6 +140,8 @@ async def apply(s: ApplySettings, selected: Selected) -> int:
 async def assert_applied(s: AssertSettings, selected: Selected) -> int:
     async def act(applier: Applier) -> int:
         plan = await applier.check(selected.name, selected.entries, mode_only=s.mode_only)
+        if plan.no_gpu_matched:
+            print(f"gpunode-mig: warning: {plan.no_gpu_matched}", file=sys.stderr)
         if plan.empty:
             print(
                 "Selected MIG configuration mode settings currently applied"

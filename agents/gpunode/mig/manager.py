@@ -18,14 +18,17 @@ pure :func:`gpunode.mig.decisions.decide`:
 
 1. no name: nothing (``mig_config_unset``);
 2. a name the config does not have: ``failed``, the reason listing the names it has;
-3. the layout already in place: ``success``; nothing paused;
+3. the layout already in place: ``success``; nothing paused. A config none of whose entries matches a
+   GPU of this node changes nothing and is a ``success`` too (mig-parted's rule), with the reason
+   annotation saying that no GPU matched;
 4. a layout that cannot exist here (infeasible, a selection error): ``failed`` before anything changes;
 5. a mode change still needed although the state says ``rebooting``: ``failed`` (no reboot loop);
 6. otherwise ``pending``; operands paused (their labels come back whatever happens); host GPU clients
    stopped when asked (started again whatever happens); the layout applied and verified; on a mode
    change that needs a reboot, with ``WITH_REBOOT``, state ``rebooting`` and the reboot command;
 7. ``success``, or ``failed`` on any error, with the reason in the node annotation
-   ``nvidia.com/mig.config.state-reason`` (one line, removed on success) or the state file.
+   ``nvidia.com/mig.config.state-reason`` (one line, removed on success unless no GPU matched) or
+   the state file.
 
 After a change the device plugin and feature discovery on this node get a SIGHUP
 (:mod:`gpunode.mig.notify`).
@@ -227,11 +230,13 @@ class MigManager:
         applied: bool | None = None
         mode_change = False
         plan_error: str | None = None
+        note = ""  # the reason shown with success: the config matches no GPU here
         entries = spec.configs.get(name, ())
         if name in spec.configs:
             try:
                 applier = self.make_applier(name)
-                applied = (await applier.check(name, entries)).empty
+                checked = await applier.check(name, entries)
+                applied, note = checked.empty, checked.no_gpu_matched or ""
                 if not applied:
                     mode_change = not (await applier.check(name, entries, mode_only=True)).empty
                 self.nvml_ok = True
@@ -264,7 +269,8 @@ class MigManager:
         )
         if decision.action in ("success", "failed"):
             state: State = "success" if decision.action == "success" else "failed"
-            return await self._finish(name, state, decision.reason, started)
+            reason = decision.reason if state == "failed" else note
+            return await self._finish(name, state, reason, started)
         assert applier is not None
         return await self._change(name, applier, entries, decision.mode_change, spec.source, started)
 
@@ -361,7 +367,9 @@ class MigManager:
             self.state_gauge.labels(state=s).set(1 if s == state else 0)
 
     async def _finish(self, name: str, state: State, reason: str, started: float) -> ReconfigureOutcome:
-        reason = one_line(reason) if state == "failed" else ""
+        """Record the outcome. A success carries a reason only when it is a note worth seeing (the config
+        matches no GPU here, so nothing changed: mig-parted's success, made visible)."""
+        reason = one_line(reason) if state in ("failed", "success") else ""
         try:
             await self._set(name, state, reason)
         except Exception as exc:

@@ -166,6 +166,8 @@ def _describe_create(c: GiCreate) -> str:
 @dataclass(frozen=True)
 class NodePlan:
     gpus: tuple[GpuPlan, ...] = ()  # only GPUs with something to do
+    #: why the config changes nothing here: none of its entries matches a GPU of this node (a warning)
+    no_gpu_matched: str | None = None
 
     @property
     def empty(self) -> bool:

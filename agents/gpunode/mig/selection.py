@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gpunode.api.mig_config import GpuIdentity, MigEntry
 
-__all__ = ["SelectedLayout", "SelectionError", "desired_per_gpu"]
+__all__ = ["SelectedLayout", "SelectionError", "desired_per_gpu", "no_gpu_matched"]
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,16 @@ def desired_per_gpu(
       :class:`SelectionError`.
     * An index that no GPU on this node has is a :class:`SelectionError`.
     * An entry whose filters match nothing here is fine (the default config carries entries for other
-      products), but a config that matches no GPU at all is a :class:`SelectionError`, and so is one
-      that asks for MIG but matches only GPUs without MIG: never a silent success.
+      products), and so is a config that matches no GPU at all: mig-parted's rule, it changes nothing
+      and succeeds (the result is empty). Never silently: callers report :func:`no_gpu_matched`'s
+      reason as a warning (the CLI) or in the state's reason annotation (the MIG manager). A config
+      that asks for MIG but matches only GPUs without MIG is a :class:`SelectionError`.
     * GPUs that no entry covers are absent from the result: they are left alone.
 
     Whether each GPU offers the requested profiles is not checked here; the planner does that per GPU.
     """
     by_index = {gpu.index: gpu for gpu in gpus}
     result: dict[int, SelectedLayout] = {}
-    matched_any = False
     wants_mig = False
     for entry in entries:
         if entry.devices != "all":
@@ -64,7 +65,6 @@ def desired_per_gpu(
         for gpu in gpus:
             if not entry.matches(gpu):
                 continue
-            matched_any = True
             wants_mig = wants_mig or entry.mig_enabled
             if not gpu.mig_capable:
                 if entry.devices != "all" and entry.mig_enabled:
@@ -75,17 +75,23 @@ def desired_per_gpu(
                 continue
             devices = dict(entry.mig_devices) if entry.mig_enabled else {}
             result[gpu.index] = SelectedLayout(entry.mig_enabled, devices, entry.path)
-    if not matched_any:
-        filters = sorted({str(f) for entry in entries for f in entry.filters})
-        wanted = ", ".join(filters) if filters else "any GPU"
-        present = "; ".join(gpu.describe() for gpu in gpus) or "none"
-        raise SelectionError(
-            f'config "{name}" matches no GPU on this node: GPUs are {present}; '
-            f"its entries filter for {wanted}"
-        )
     if not result and wants_mig:
         present = "; ".join(gpu.describe() for gpu in gpus)
         raise SelectionError(
             f'config "{name}" asks for MIG but matches only GPUs without MIG support: {present}'
         )
     return result
+
+
+def no_gpu_matched(name: str, entries: Sequence[MigEntry], gpus: Sequence[GpuIdentity]) -> str | None:
+    """Why config ``name`` changes nothing on this node when none of its entries matches a GPU here
+    (mig-parted then succeeds; this is the warning to show), else None."""
+    if any(entry.matches(gpu) for entry in entries for gpu in gpus):
+        return None
+    filters = sorted({str(f) for entry in entries for f in entry.filters})
+    wanted = ", ".join(filters) if filters else "any GPU"
+    present = "; ".join(gpu.describe() for gpu in gpus) or "none"
+    return (
+        f'config "{name}" matches no GPU on this node, so nothing was changed: GPUs are {present}; '
+        f"its entries filter for {wanted}"
+    )

@@ -311,3 +311,31 @@ def test_killed_at_any_step_the_next_apply_converges(
     assert mig(node, "assert", "-f", str(config), "-c", "split-3g").returncode == 0
     gis = sim.SimNode.open(node).state.gpus[0].gis
     assert all(gi.cis for gi in gis)  # no orphaned GPU instance without compute instances
+
+
+H200_ONLY = """\
+version: v1
+mig-configs:
+  all-1g.18gb:
+    - device-filter: ["0x233510DE", "0x233B10DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices: {"1g.18gb": 7}
+"""
+
+
+def test_a_config_matching_no_gpu_succeeds_with_a_warning(node: Path, tmp_path: Path) -> None:
+    """mig-parted's rule (issue 18): an H200 layout on an A100 node changes nothing and succeeds."""
+    config = tmp_path / "h200.yaml"
+    config.write_text(H200_ONLY)
+    before = layout(node)
+    r = mig(node, "apply", "-f", str(config), "-c", "all-1g.18gb")
+    assert r.returncode == 0, r.stderr
+    assert "MIG configuration applied successfully" in r.stdout
+    assert 'warning: config "all-1g.18gb" matches no GPU on this node, so nothing was changed' in r.stderr
+    assert "0x233510DE, 0x233B10DE" in r.stderr
+    assert layout(node) == before
+    a = mig(node, "assert", "-f", str(config), "-c", "all-1g.18gb")
+    assert a.returncode == 0, a.stdout + a.stderr
+    assert "Selected MIG configuration currently applied" in a.stdout
+    assert "matches no GPU on this node" in a.stderr

@@ -524,3 +524,27 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     exposure = float(r.stdout.split("Overall exposure level for gpunode-mig-manager.service:")[1].split()[0])
     assert exposure <= 2.8, r.stdout  # 3.2 before issue 14 (IPAddressDeny, PrivateMounts, no CAP_KILL)
+
+
+def test_a_config_matching_no_gpu_is_success_with_the_reason(
+    start: Any, api: FakeApiServer, node: Path, config: Path
+) -> None:
+    """mig-parted's rule (issue 18): state success, nothing changed, the reason annotation says why."""
+    config.write_text(
+        CONFIG
+        + '  all-1g.18gb:\n    - device-filter: "0x233510DE"\n      devices: all\n'
+        + '      mig-enabled: true\n      mig-devices: {"1g.18gb": 7}\n'
+    )
+    before = layout(node)
+    select(api, "all-1g.18gb")
+    m = start()
+    wait_until(lambda: state(api) == "success", timeout=15)
+    reason = node_annotations(api)[REASON]
+    assert reason.startswith('config "all-1g.18gb" matches no GPU on this node, so nothing was changed')
+    assert "0x233510DE" in reason
+    assert layout(node) == before
+    assert operands_back(api)  # nothing paused
+    select(api, "all-balanced")  # a config that matches: success, and the note is gone
+    wait_until(lambda: devices(node) == [4] * 8 and state(api) == "success", timeout=20)
+    wait_until(lambda: REASON not in node_annotations(api), timeout=5)
+    assert m.proc.poll() is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpunode.api.mig_config import MigEntry, parse_spec
-from gpunode.mig.selection import SelectedLayout, SelectionError, desired_per_gpu
+from gpunode.mig.selection import SelectedLayout, SelectionError, desired_per_gpu, no_gpu_matched
 from helpers.migspec import A100_40, A100_80_PCIE, EXAMPLE, T4, gpu, one_config
 
 # -------------------------------------------------------------------------------- desired per GPU
@@ -100,18 +100,25 @@ def test_missing_index_is_an_error() -> None:
     )
 
 
-def test_config_matching_no_gpu_is_an_error() -> None:
+def test_config_matching_no_gpu_changes_nothing_and_says_why() -> None:
+    """mig-parted's rule (issue 18): nothing matched, nothing changed, success; the reason is a warning."""
     text = one_config(
         'devices: all\nmig-enabled: true\nmig-devices: {"1g.18gb": 7}\n'
         'device-filter: ["0x233510DE", "0x233B10DE"]',
         'devices: all\nmig-enabled: true\nmig-devices: {"1g.23gb": 7}\ndevice-filter: "0x290110DE"',
     )
-    with pytest.raises(SelectionError) as info:
-        desired_per_gpu("all-h200", entries(text), [gpu(0, A100_40, 0x134F10DE)])
-    assert str(info.value) == (
-        'config "all-h200" matches no GPU on this node: GPUs are 0: GPU-20B010DE (0x20B010DE:0x134F10DE); '
+    gpus = [gpu(0, A100_40, 0x134F10DE)]
+    assert desired_per_gpu("all-h200", entries(text), gpus) == {}
+    assert no_gpu_matched("all-h200", entries(text), gpus) == (
+        'config "all-h200" matches no GPU on this node, so nothing was changed: '
+        "GPUs are 0: GPU-20B010DE (0x20B010DE:0x134F10DE); "
         "its entries filter for 0x233510DE, 0x233B10DE, 0x290110DE"
     )
+
+
+def test_a_config_matching_a_gpu_has_no_no_match_reason() -> None:
+    spec = parse_spec(EXAMPLE, "x")
+    assert no_gpu_matched("per-model", spec.select("per-model"), [gpu(0, A100_40)]) is None
 
 
 def test_entries_for_other_products_are_fine() -> None:
@@ -121,5 +128,8 @@ def test_entries_for_other_products_are_fine() -> None:
 
 
 def test_no_gpus_at_all() -> None:
-    with pytest.raises(SelectionError, match="GPUs are none"):
-        desired_per_gpu("c", entries(one_config("devices: all\nmig-enabled: false")), [])
+    config = entries(one_config("devices: all\nmig-enabled: false"))
+    assert desired_per_gpu("c", config, []) == {}
+    reason = no_gpu_matched("c", config, [])
+    assert reason is not None
+    assert "GPUs are none" in reason
