@@ -16,9 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpunode.common.logging import get_logger
-from gpunode.operator.controller import ClusterPolicyController, ReconcileResult, Renderer, run_controller
+from gpunode.operator.controller import (
+    KEY,
+    ClusterPolicyController,
+    ReconcileResult,
+    Renderer,
+    node_counts,
+    run_controller,
+)
 from gpunode.operator.labeller import NodeLabeller
 from gpunode.operator.leader import LeaderElector
+from gpunode.operator.queue import WorkQueue
 from gpunode.operator.settings import DEFAULT_NAMESPACE, OperatorSettings
 
 if TYPE_CHECKING:
@@ -26,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OperatorState", "election_timings", "resolve_namespace", "run_operator"]
 
+NODE_POLL_S = 1.0
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -110,10 +119,31 @@ async def run_operator(
                 labeller.set_policy(controller.label_policy)
             on_result(result)
 
+        work: WorkQueue[str] = WorkQueue()
+
+        async def node_changes() -> None:
+            """NVIDIA reconciles when a node gains NFD's GPU labels: here, when the labeller's count of
+            NFD-labelled or GPU nodes changes (looked at only after it planned a node, so an idle
+            cluster costs nothing)."""
+            seen_plans = -1
+            counts: tuple[int, int] | None = None
+            while True:
+                await asyncio.sleep(NODE_POLL_S)
+                if labeller.stats.planned == seen_plans or not labeller.synced.is_set():
+                    continue
+                seen_plans = labeller.stats.planned
+                now = node_counts(n.labels for n in labeller.nodes.values())
+                if counts is not None and now != counts:
+                    work.add(KEY)
+                counts = now
+
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(labeller.run(), name="node-labeller")
-                group.create_task(run_controller(controller, on_result=reconciled), name="clusterpolicy")
+                group.create_task(
+                    run_controller(controller, queue=work, on_result=reconciled), name="clusterpolicy"
+                )
+                group.create_task(node_changes(), name="node-changes")
         finally:
             status.leading = False
 

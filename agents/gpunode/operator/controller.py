@@ -47,12 +47,14 @@ from gpunode.operator.states import ObjectKey, StateObjects, assign_states, key_
 from gpunode.operator.status import StateStatus, cluster_status, ignored_status, state_status
 
 __all__ = [
+    "KEY",
     "NFD_REQUEUE_S",
     "NOT_READY_REQUEUE_S",
     "ClusterPolicyController",
     "ControllerApi",
     "ReconcileResult",
     "Renderer",
+    "node_counts",
     "parse_cluster_policy",
 ]
 
@@ -164,6 +166,12 @@ def label_policy(policy: Any) -> LabelPolicy:
     mig = policy.spec.mig_manager
     default = "all-disabled" if mig.enabled and mig.config.default == "all-disabled" else ""
     return LabelPolicy(mig_config_default=default)
+
+
+def node_counts(labels: Iterable[Mapping[str, str]]) -> tuple[int, int]:
+    """(nodes NFD labelled at all, GPU nodes) among the nodes' labels."""
+    listed = list(labels)
+    return sum(1 for ls in listed if has_nfd_labels(ls)), sum(1 for ls in listed if is_gpu_node(ls))
 
 
 def _utc_now() -> str:
@@ -280,8 +288,7 @@ class ClusterPolicyController:
         if labels is None:
             nodes, _ = await self.kube.list_nodes()
             labels = [n.labels for n in nodes]
-        listed = list(labels)
-        return sum(1 for ls in listed if has_nfd_labels(ls)), sum(1 for ls in listed if is_gpu_node(ls))
+        return node_counts(labels)
 
     def _check_leader(self) -> None:
         if not self.may_write():

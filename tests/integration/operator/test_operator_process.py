@@ -240,3 +240,52 @@ def test_leader_failover_the_standby_takes_over_and_never_wrote_before(tmp_path:
                         p.wait(15)
                     except subprocess.TimeoutExpired:
                         p.kill()
+
+
+def test_nfd_labels_appearing_trigger_a_reconcile_without_waiting_45_s(tmp_path: Path) -> None:
+    with FakeApiServer() as api:
+        api.add_node("gpu-0", labels={"kubernetes.io/hostname": "gpu-0"})  # NFD not there yet
+        kubeconfig = tmp_path / "kubeconfig"
+        api.write_kubeconfig(kubeconfig)
+
+        async def create() -> None:
+            kube = Kube.connect_cluster(str(kubeconfig), namespace="gpunode")
+            try:
+                await kube.apply(crd(), field_manager="user")
+                await kube.apply(
+                    {
+                        "apiVersion": "nvidia.com/v1",
+                        "kind": "ClusterPolicy",
+                        "metadata": {"name": "cluster-policy"},
+                        "spec": {},
+                    },
+                    field_manager="user",
+                )
+            finally:
+                await kube.aclose()
+
+        asyncio.run(create())
+        log = tmp_path / "operator.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [*OPERATOR, "--kubeconfig", str(kubeconfig), "--http-port", "-1", "--log-format", "json"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+
+            def reason() -> str:
+                obj = api.get("ClusterPolicy", "cluster-policy") or {}
+                conds = (obj.get("status") or {}).get("conditions") or []
+                return next((str(c["reason"]) for c in conds if c["type"] == "Ready"), "")
+
+            wait_until(lambda: reason() == "NFDLabelsMissing" or proc.poll() is not None, 20)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            api.patch_node("gpu-0", {"metadata": {"labels": NFD}})
+            wait_until(lambda: reason() == "Reconciled", 15)  # well before the 45 s requeue
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
