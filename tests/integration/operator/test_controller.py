@@ -16,7 +16,7 @@ import pytest
 
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.render import render_by_agent
-from gpunode.kube.api import CLUSTER_POLICY, DAEMON_SET, KubeForbidden
+from gpunode.kube.api import CLUSTER_POLICY, DAEMON_SET, KubeForbidden, KubeUnavailable
 from gpunode.kube.client import Kube
 from gpunode.operator.controller import ClusterPolicyController, ReconcileResult
 from gpunode.operator.labeller import NodeLabeller
@@ -234,3 +234,32 @@ async def test_a_refused_write_names_what_to_grant_in_the_status(tmp_path: Path)
         error = next(x for x in status["conditions"] if x["type"] == "Error")
         assert (error["status"], error["reason"]) == ("True", "ReconcileFailed")
         assert 'verb "patch" on resource "daemonsets" (apiGroups: ["apps"])' in error["message"]
+
+
+async def test_interrupted_mid_reconcile_then_restarted_converges(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        c.api.forbid("patch", "daemonsets")  # the pass stops after the first states' other objects
+        with pytest.raises(KubeForbidden):
+            await c.controller.reconcile()
+        assert gpunode_daemonsets(c.api) == []
+        c.api.allow_all()
+        restarted = ClusterPolicyController(c.kube, render, namespace=NS)  # nothing remembered
+        for _ in range(200):
+            result = await restarted.reconcile()
+            if result.state == "ready":
+                break
+            await asyncio.sleep(0.02)
+        assert result.state == "ready"
+        assert len(gpunode_daemonsets(c.api)) == 6
+        error = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Error")
+        assert error["status"] == "False"
+
+
+async def test_an_api_outage_fails_the_pass_and_the_next_one_recovers(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        await c.until_ready()
+        c.api.fail_next(5, status=503, path_contains="clusterpolicies")  # every attempt of one call
+        with pytest.raises(KubeUnavailable):
+            await c.controller.reconcile()
+        result = await c.controller.reconcile()
+        assert (result.state, result.writes) == ("ready", 0)
