@@ -263,3 +263,18 @@ async def test_an_api_outage_fails_the_pass_and_the_next_one_recovers(tmp_path: 
             await c.controller.reconcile()
         result = await c.controller.reconcile()
         assert (result.state, result.writes) == ("ready", 0)
+
+
+async def test_deleting_the_policy_takes_its_objects_but_not_the_namespace(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        await c.until_ready()
+        assert gpunode_daemonsets(c.api)
+        assert await c.kube.delete_object(CLUSTER_POLICY, "cluster-policy")
+        for _ in range(200):
+            if not c.api.objects("DaemonSet", NS):
+                break
+            await asyncio.sleep(0.02)
+        assert c.api.objects("DaemonSet", NS) == []  # garbage-collected through the ownerReferences
+        assert c.api.get("Namespace", NS) is not None  # it holds the operator itself
+        result = await c.controller.reconcile()
+        assert (result.active, result.writes) == (None, 0)
