@@ -377,3 +377,31 @@ def test_a_huge_line_is_one_short_problem(tmp_path: Path) -> None:
     assert info.value.problems[0][1] == "longer than 65536 characters"
     assert info.value.problems[1][1].endswith("... (29522 more characters)")
     assert len(str(info.value)) < 1200  # the 30 KB field name is cut at 500 characters
+
+
+# --- dcgm-exporter 1.x names (issue 18) ---
+
+
+def test_1x_names_keep_their_name_and_the_files_type_and_help() -> None:
+    counters = parse_counters(
+        "# a 1.x file\n"
+        "dcgm_gpu_temp, gauge, GPU temperature (C).\n"
+        "dcgm_pcie_tx_throughput, counter, PCIe TX via NVML.\n"
+        "dcgm_nvlink_flit_crc_error_count_total, counter, Flit CRC errors.\n",
+        "1x.csv",
+    )
+    assert triples(counters) == [
+        ("dcgm_gpu_temp", "gauge", "GPU temperature (C)."),
+        ("dcgm_pcie_tx_throughput", "counter", "PCIe TX via NVML."),
+        ("dcgm_nvlink_flit_crc_error_count_total", "counter", "Flit CRC errors."),
+    ]
+    assert [c.spec.field_id for c in counters] == [150, 200, 409]
+    assert [c.spec.source for c in counters] == ["temperature_c", "pcie_tx_kbs", "nvlink_crc_flit_errors"]
+
+
+def test_a_1x_name_and_its_dcgm_name_are_one_field() -> None:
+    exc = error("DCGM_FI_DEV_SM_CLOCK, gauge, a\ndcgm_sm_clock, gauge, b\n")
+    assert (
+        str(exc)
+        == "counters.csv:2: duplicate field dcgm_sm_clock (already on line 1 as DCGM_FI_DEV_SM_CLOCK)"
+    )
