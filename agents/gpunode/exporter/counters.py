@@ -3,9 +3,11 @@
 The format is dcgm-exporter's: one ``field, type, help`` line per metric; lines starting with ``#`` and
 blank lines are ignored; spaces around each column are dropped. The help column is everything after the
 second comma, so it may itself contain commas (or be double-quoted, as a CSV reader would allow). The
-field must be one the catalog knows; the type is ``gauge``, ``counter`` or ``label``, and ``label`` is
-only for string fields (it copies the value onto every series as a label). dcgm-exporter's own
-synthesised ``DCGM_EXP_*`` metrics are not supported. A field may appear once.
+field must be one the catalog knows, by its DCGM name or its dcgm-exporter 1.x ``dcgm_*`` name (the metric
+then keeps the 1.x name, as dcgm-exporter does with its ``1.x-compatibility-metrics.csv``); the type
+is ``gauge``, ``counter`` or ``label``, and ``label`` is only for string fields (it copies the value onto
+every series as a label). dcgm-exporter's own synthesised ``DCGM_EXP_*`` metrics are not supported. A
+field may appear once.
 
 A hostile file costs little: it is read line by line (a line over 64 KiB is one problem, its rest
 skipped unread into memory), at most 20 problems are kept and listed (then ``... and N more
