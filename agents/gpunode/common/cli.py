@@ -58,8 +58,8 @@ M = TypeVar("M", bound="BaseModel")
 LOG_FORMATS = ("json", "console")
 LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
 
-_TRUE = frozenset({"true", "1", "yes", "on"})
-_FALSE = frozenset({"false", "0", "no", "off"})
+_TRUE = frozenset({"true", "1", "yes", "on", "t"})  # "t"/"f": Go's strconv.ParseBool, as NVIDIA's agents
+_FALSE = frozenset({"false", "0", "no", "off", "f"})
 
 
 def parse_bool(text: str) -> bool:
