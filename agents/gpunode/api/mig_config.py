@@ -45,7 +45,7 @@ from pydantic import (
 )
 
 from gpunode.api.mig_profiles import ProfileSyntaxError, parse_profile
-from gpunode.common.config import Bool, load_config, parse_config_text
+from gpunode.common.config import load_config, parse_config_text
 from gpunode.common.errors import ConfigError
 
 MIG_SLICES = 7  # the most MIG devices of one profile on any GPU: 7 slices (A100, H100, H200, B200; A30: 4)
@@ -160,7 +160,7 @@ _FilterItem = Annotated[DeviceFilter, PlainValidator(_filter_item)]
 
 class _EntryModel(_V1Model):
     devices: Any = Field(alias="devices")
-    mig_enabled: Bool = Field(alias="mig-enabled")  # also "true" / "false", as NVIDIA's files write it
+    mig_enabled: bool = Field(alias="mig-enabled")
     mig_devices: Any = Field(alias="mig-devices")
     device_filter: tuple[_FilterItem, ...] = Field(default=(), alias="device-filter")
 

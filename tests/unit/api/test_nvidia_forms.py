@@ -252,11 +252,11 @@ mig_entries = st.builds(
     lambda devices, enabled, profiles, extra: {
         "devices": devices,
         "mig-enabled": enabled,
-        **({"mig-devices": profiles} if str(enabled) in ("True", "true", "TRUE", "1", "t", "T") else {}),
+        **({"mig-devices": profiles} if enabled else {}),
         **extra,
     },
     st.just("all") | st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True),
-    bools,
+    st.booleans(),  # mig-parted reads mig-enabled into a Go bool: a quoted "true" is refused there too
     st.dictionaries(st.sampled_from(PROFILES[:6]), st.integers(1, 7), max_size=3),
     optional(**{"device-filter": pci_ids | st.lists(pci_ids, min_size=1, max_size=3, unique=True)}),
 )
@@ -278,7 +278,7 @@ def test_every_mig_parted_form_loads(doc: dict[str, Any]) -> None:
     for name, entries in doc["mig-configs"].items():
         parsed = spec.select(name)
         for entry, raw in zip(parsed, entries, strict=True):
-            assert entry.mig_enabled is (str(raw["mig-enabled"]) in ("True", "true", "TRUE", "1", "t", "T"))
+            assert entry.mig_enabled is raw["mig-enabled"]
 
 
 @SETTINGS
