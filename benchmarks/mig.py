@@ -66,7 +66,9 @@ async def planning(preset: str, rounds: int) -> dict[str, Any]:
             try:
                 chosen = desired_per_gpu(name, entries, ids)
             except SelectionError:
-                continue  # a layout for other products
+                continue
+            if not chosen:
+                continue  # a layout for other products: it matches no GPU here
             desired = {i: DesiredGpu(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
             try:
                 plan_node(states, desired)

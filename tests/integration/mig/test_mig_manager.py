@@ -251,6 +251,7 @@ def test_label_applies_with_operands_paused_then_restored(start: Any, api: FakeA
     assert (None, "true") in recorder.seen[:1]
     assert ("pending", "paused-for-mig-change") in recorder.seen
     assert REASON not in node_annotations(api)
+    wait_until(lambda: bool(m.events("mig_reconfigure_finished")), timeout=5)  # logged after the label
     events = [e["event"] for e in m.events() if e["event"].startswith("mig_")]
     assert events.index("mig_reconfigure_started") < events.index("mig_config_state")
     assert "mig_reconfigure_finished" in events
