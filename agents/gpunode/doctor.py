@@ -333,7 +333,7 @@ async def _mig_check(opts: DoctorOptions, facts: _Facts, node_labels: NodeLabels
         return Check("mig", "skip", f"MIG mode {modes}; no config selected (--mig-config or the node label)")
     from gpunode.api.mig_config import UnknownConfig, load_spec
     from gpunode.mig.plan import DesiredGpu, Infeasible, plan_node
-    from gpunode.mig.selection import SelectionError, desired_per_gpu
+    from gpunode.mig.selection import SelectionError, desired_per_gpu, no_gpu_matched
     from gpunode.mig.state import identity, read_states, select_gpus
 
     file_hint = opts.mig_config_file or "the default layouts"
@@ -345,12 +345,18 @@ async def _mig_check(opts: DoctorOptions, facts: _Facts, node_labels: NodeLabels
 
             spec = default_spec()
         entries = spec.select(name)
-        chosen = desired_per_gpu(name, entries, [identity(g) for g in facts.gpus])
+        ids = [identity(g) for g in facts.gpus]
+        chosen = desired_per_gpu(name, entries, ids)
+        unmatched = no_gpu_matched(name, entries, ids)
         desired = {i: DesiredGpu(d.mig_enabled, dict(d.devices)) for i, d in chosen.items()}
         states = await read_states(facts.nvml, select_gpus(facts.gpus, desired))
         plan = plan_node(states, desired)
     except (ConfigError, UnknownConfig, SelectionError, Infeasible) as exc:
         return Check("mig", "fail", f"config {name!r} ({source}): {exc}", f"fix the config in {file_hint}")
+    if unmatched is not None:  # mig-parted's rule: success, nothing changed; worth a look all the same
+        return Check(
+            "mig", "warn", f"{unmatched} ({source})", f"select a config for this node's GPUs in {file_hint}"
+        )
     if plan.empty:
         return Check("mig", "ok", f"layout matches {name!r} ({source}); MIG mode {modes}")
     file_flag = f" -f {opts.mig_config_file}" if opts.mig_config_file else ""

@@ -232,3 +232,11 @@ def test_cli_on_a_bare_simulated_node(tmp_path: Any, capsys: pytest.CaptureFixtu
 def test_cli_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert doctor.main(["--gfd-sleep-interval", "soon"], {}) == 2
     assert "--gfd-sleep-interval" in capsys.readouterr().err
+
+
+async def test_a_mig_config_matching_no_gpu_warns(node: Node) -> None:
+    """mig-parted's rule (issue 18): nothing to apply, a success; the doctor says why, as a warning."""
+    results = by_name(await diagnose(node.options(mig_config="all-1g.10gb"), node.open_nvml))
+    assert results["mig"].status == "warn", results["mig"]
+    assert 'config "all-1g.10gb" matches no GPU on this node' in results["mig"].detail
+    assert results["mig"].fix
