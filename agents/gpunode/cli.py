@@ -20,7 +20,10 @@ SIM_COMMANDS = {
         "serve a test Kubernetes API server on 127.0.0.1 (nodes, pods, NodeFeatures) until interrupted",
     ),
     "fake-host": ("gpunode.sim.host_cli", "build a fake host tree for gpunode-driver-loader to work on"),
-    "dev": ("gpunode.sim.kubelet_cli", "development helpers (dev kubelet: a kubelet emulator)"),
+    "dev": (
+        "gpunode.sim.kubelet_cli",
+        "development helpers (dev kubelet: a kubelet emulator; dev cluster: rehearse gpunode-operator)",
+    ),
 }
 
 
@@ -61,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpunode.deploy.render_cli import main as render
 
         return render(raw[1:])
+    if raw[:2] == ["dev", "cluster"]:  # needs the operator and the renderer: a commands-layer module
+        from gpunode.devcluster import main as dev_cluster
+
+        return dev_cluster(raw[2:])
     command = raw[0] if raw else None
     parser = argparse.ArgumentParser(
         prog="gpunode", description="GPU node agents and their simulated GPU node"

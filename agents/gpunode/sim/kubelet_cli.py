@@ -33,6 +33,9 @@ def add_arguments(dev: argparse.ArgumentParser) -> None:
         type=Path,
         help="the device plugin directory (like /var/lib/kubelet/device-plugins); created if missing",
     )
+    # `gpunode dev cluster` runs gpunode.devcluster (the umbrella hands it over before parsing: it needs the
+    # operator, above this layer); listed here for `gpunode dev --help`.
+    dev_sub.add_parser("cluster", help="rehearse gpunode-operator on a simulated cluster (--nodes N)")
 
 
 def _say(text: str) -> None:
