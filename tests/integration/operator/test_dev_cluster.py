@@ -99,3 +99,15 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
         done = subprocess.run([*GPUNODE, "dev", "cluster", *argv], capture_output=True, text=True, timeout=30)
         assert done.returncode == 2, (argv, done.stderr)
         assert text in done.stderr, (argv, done.stderr)
+
+
+def test_oneshot_not_ready_within_the_timeout_exits_1() -> None:
+    # the operator alone takes longer than this to start
+    done = subprocess.run(
+        [*GPUNODE, "dev", "cluster", "--nodes", "1", "--oneshot", "--timeout", "0.05"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "not ready after 0.05 s" in done.stdout
