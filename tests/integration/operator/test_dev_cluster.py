@@ -111,3 +111,11 @@ def test_oneshot_not_ready_within_the_timeout_exits_1() -> None:
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "not ready after 0.05 s" in done.stdout
+
+
+def test_the_default_policy_is_containers_default_yaml() -> None:
+    from gpunode.api.clusterpolicy import load_policy, parse_policy_text
+    from gpunode.devcluster import DEFAULT_POLICY
+
+    shipped = Path(__file__).resolve().parents[3] / "containers" / "policies" / "default.yaml"
+    assert parse_policy_text(DEFAULT_POLICY, "default").policy == load_policy(shipped).policy
