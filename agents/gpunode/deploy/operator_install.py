@@ -35,7 +35,7 @@ __all__ = [
 
 Obj = dict[str, Any]
 
-#: The operator's command, in the one gpunode image (the console script is coming: issue 15, item 2).
+#: The operator's command, in the one gpunode image (console script gpunode-operator).
 CONSOLE_SCRIPT = "gpunode-operator"
 NAME = "gpunode-operator"
 
