@@ -242,6 +242,7 @@ class Soak:
     mig_apply: list[float] = field(default_factory=list)
     mig_converge: list[float] = field(default_factory=list)
     mig_failed: list[str] = field(default_factory=list)
+    apply_pauses: list[float] = field(default_factory=list)  # the longest gap between two steps of each apply
     mig_windows: list[tuple[float, float]] = field(default_factory=list)  # apply start, kubelet converged
     half_applied: int = 0
     samples: list[tuple[float, float, int, int]] = field(default_factory=list)  # t, RSS MB, fds, threads
@@ -524,11 +525,17 @@ class Soak:
                     )
                 )
 
+                gap = longest_pause(out)
+                self.apply_pauses.append(gap)
                 for n, views in seen.items():
                     odd = half_applied(views, before.get(n, frozenset()), after.get(n, frozenset()), excused)
                     if odd:
                         self.half_applied += len(odd)
-                        self.mismatch(f"layout {name}", f"{n} listed {len(odd)} half-applied device set(s)")
+                        self.mismatch(
+                            f"layout {name}",
+                            f"{n} listed {len(odd)} half-applied device set(s); the apply paused up to "
+                            f"{gap:.2f} s between two of its steps",
+                        )
             finally:
                 watcher.cancel()
                 self.mig_busy = False
@@ -567,6 +574,21 @@ def half_applied(
     """The device lists that are neither the old nor the new one, but for the ``excused`` devices (those of
     GPUs lost or back during the change, which pass through a state of their own)."""
     return {v for v in views if (v ^ before) - excused and (v ^ after) - excused}
+
+
+def longest_pause(out: bytes) -> float:
+    """The longest time between two consecutive steps of a ``gpunode-mig apply`` (from its JSON log)."""
+    from datetime import datetime
+
+    stamps = []
+    for line in out.decode(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == "mig_step" and "ts" in event:
+            stamps.append(datetime.fromisoformat(str(event["ts"]).replace("Z", "+00:00")).timestamp())
+    return max((b - a for a, b in itertools.pairwise(stamps)), default=0.0)
 
 
 def apply_error(out: bytes) -> str:
@@ -772,6 +794,7 @@ def report(soak: Soak, rc: int, stop_s: float, minutes: float, rate: float) -> d
         "mig_changes": len(soak.mig_apply),
         "mig_changes_with_a_lost_gpu": soak.with_lost_gpu,
         "mig_apply": ms(soak.mig_apply),
+        "mig_apply_longest_pause": ms(soak.apply_pauses),
         "mig_converge": ms(soak.mig_converge),
         "mig_apply_failures": soak.mig_failed,
         "half_applied_views": soak.half_applied,
@@ -822,6 +845,7 @@ def print_table(doc: dict[str, Any], host: dict[str, Any]) -> None:
         )
     )
     rows.append(("  apply took", doc["mig_apply"]))
+    rows.append(("  longest pause between two apply steps", doc["mig_apply_longest_pause"]))
     rows.append(("  apply end -> kubelet holds the new layout", doc["mig_converge"]))
     rows.append(("  apply failures (not the plugin's)", str(len(doc["mig_apply_failures"]))))
     rows.append(("  half-applied device sets listed", str(doc["half_applied_views"])))

@@ -44,7 +44,7 @@ __all__ = ["MIG_SETTLE", "MIG_SETTLE_MAX", "Resources", "settle"]
 # A MIG layout change is a burst of events (every GPU and compute instance destroyed and created): it is
 # re-advertised once no MIG event came for MIG_SETTLE seconds, or MIG_SETTLE_MAX seconds after the burst
 # began, whichever comes first (a layout changing without end is still advertised now and then).
-MIG_SETTLE = 0.75
+MIG_SETTLE = 1.0
 MIG_SETTLE_MAX = 5.0
 RETRY_FIRST = 0.5  # a failed rebuild is retried after this long, then twice as long, ...
 RETRY_MAX = 30.0  # ... up to this

@@ -13,7 +13,7 @@ from gpunode.nvml import errors
 from gpunode.sim import nvml as sim
 from gpunode.sim.kubelet import FakeKubelet
 from helpers.faults import all_balanced, apply_layout_async, node_mig_view
-from helpers.waiting import SkewedClock
+from helpers.waiting import SkewedClock, until
 
 Starter = Any  # the start_plugin fixture (see conftest.py)
 
@@ -158,8 +158,8 @@ async def test_a_layout_changed_just_before_its_gpu_was_lost_is_read_once_it_is_
         assert st.destroy_ci(3, gi.id, gi.cis[0].id) == 0
         assert st.destroy_gi(3, gi.id) == 0
         st.lose(3)
-    await r.probe_passes(2)
-    await asyncio.sleep(1.5)  # the MIG events' rebuild (settle 0.75 s) has run: GPU 3 as last read
+    # the MIG events' rebuild has run, GPU 3 lost: advertised as last read, to be read once it answers
+    await until(lambda: 3 in r.plugin.resources.stale, timeout=10)
     assert len(kubelet_view(kubelet)["nvidia.com/mig-3g.20gb"]) == 8
     with r.mutate() as st:
         st.restore(3)
