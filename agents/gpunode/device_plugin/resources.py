@@ -10,10 +10,9 @@ Faults leave no stale state. A GPU that is lost (fallen off the bus) keeps the d
 advertised Unhealthy, instead of failing the rebuild of the others; the GPUs a rebuild could not read
 (``stale``: lost since the last read, or before they were ever read) are read again once they answer,
 so a layout changed just before its GPU was lost is not left behind. What the health probe watches
-(``gpus``) is replaced
-only by a rebuild that succeeded. A rebuild that fails (an NVML error) is retried with backoff until one
-succeeds, and a MIG layout change is re-advertised only once the layout has been quiet for a moment: a
-half-applied layout is not published.
+(``gpus``) is replaced only by a rebuild that succeeded. A rebuild that fails (an NVML error) is retried
+with backoff until one succeeds, and a MIG layout change is re-advertised only once the layout has been
+quiet for a moment: a half-applied layout is not published.
 """
 
 from __future__ import annotations
