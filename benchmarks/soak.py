@@ -476,7 +476,6 @@ class Soak:
             if self.lost in WHOLE_GPUS:
                 self.with_lost_gpu += 1
             seen: dict[str, set[frozenset[str]]] = defaultdict(set)
-            before = held(self.kubelet)
             events_before = len(self.gpu_events)
             node_before = await self.node()
 
@@ -514,7 +513,6 @@ class Soak:
                 else:
                     self.mig_converge.append(time.monotonic() - t1)
                 self.mig_windows.append((t0 - self.started, self.now()))
-                after = held(self.kubelet)
                 # a GPU lost or back meanwhile passes through a state of its own: its devices as last read
                 touched = {g for _, g in self.gpu_events[events_before:]}
                 node_after = await self.node()
@@ -528,7 +526,13 @@ class Soak:
                 gap = longest_pause(out)
                 self.apply_pauses.append(gap)
                 for n, views in seen.items():
-                    odd = half_applied(views, before.get(n, frozenset()), after.get(n, frozenset()), excused)
+                    # the old and the new list: the node's, before and after (the kubelet held the old one
+                    # unless a restart had just emptied it; it holds the new one once converged)
+                    old, new = (
+                        node_before.resources.get(n, frozenset()),
+                        node_after.resources.get(n, frozenset()),
+                    )
+                    odd = half_applied(views, old, new, excused)
                     if odd:
                         self.half_applied += len(odd)
                         self.mismatch(
