@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/mig.py
 	$(BIN)/python benchmarks/driver_loader.py
 	$(BIN)/python benchmarks/startup.py
-	$(BIN)/python benchmarks/operator.py
+	$(BIN)/python benchmarks/operator_bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,6 +1,6 @@
 """What gpunode-operator costs (issue 15): convergence, API writes, label latency, memory and idle CPU.
 
-    .venv/bin/python benchmarks/operator.py [--quick] [--json]
+    .venv/bin/python benchmarks/operator_bench.py [--quick] [--json]
 
 The test API server runs in its own process (this script with ``--serve``, driven over stdin/stdout), so
 the operator's RSS and CPU are its own; the operator is a real ``gpunode-operator`` process (from the
@@ -31,26 +31,18 @@ measure the server; the write counts still hold.
 targets are the full run's).
 """
 
-# This file is named like the standard library's ``operator`` module, and running it puts its directory
-# first on sys.path: take the standard library's module first, then put the directory back for benchlib.
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
 import sys
-
-_HERE = sys.path.pop(0)
-import operator  # noqa: E402, F401  (the standard library's, cached in sys.modules)
-
-sys.path.insert(0, _HERE)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import signal  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import urllib.request  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
 
 OPERATOR = str(Path(sys.executable).with_name("gpunode-operator"))
 NAMESPACE = "gpunode"
