@@ -41,6 +41,7 @@ __all__ = [
     "exit_code_for",
     "on_sighup",
     "run",
+    "settle",
     "sleep_or",
     "supervise",
 ]
@@ -355,3 +356,17 @@ async def sleep_or(event: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def settle(event: asyncio.Event, quiet: float, cap: float) -> None:
+    """Return once ``event`` has not been set for ``quiet`` seconds, or ``cap`` seconds from now (a MIG
+    layout being applied step by step: wait until it is quiet before publishing it).
+
+    ``event`` is cleared on the way: set again when this returns, it tells of a change that came after."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cap
+    while True:
+        event.clear()
+        left = deadline - loop.time()
+        if left <= 0 or not await sleep_or(event, min(quiet, left)):
+            return

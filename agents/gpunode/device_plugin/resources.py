@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpunode.common.runtime import Backoff, sleep_or
+from gpunode.common.runtime import Backoff, settle, sleep_or
 from gpunode.device_plugin.devices import DeviceConfigError, Resource, build_inventory
 from gpunode.device_plugin.server import ResourceServer, SharedState
 from gpunode.nvml import errors
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from gpunode.nvml import Nvml
     from gpunode.nvml.api import GpuInfo, MigDevice, Topology
 
-__all__ = ["MIG_SETTLE", "MIG_SETTLE_MAX", "Resources", "settle"]
+__all__ = ["MIG_SETTLE", "MIG_SETTLE_MAX", "Resources"]
 
 # A MIG layout change is a burst of events (every GPU and compute instance destroyed and created): it is
 # re-advertised once no MIG event came for MIG_SETTLE seconds, or MIG_SETTLE_MAX seconds after the burst
@@ -47,19 +47,6 @@ MIG_SETTLE = 1.0
 MIG_SETTLE_MAX = 5.0
 RETRY_FIRST = 0.5  # a failed rebuild is retried after this long, then twice as long, ...
 RETRY_MAX = 30.0  # ... up to this
-
-
-async def settle(event: asyncio.Event, quiet: float, cap: float) -> None:
-    """Return once ``event`` has not been set for ``quiet`` seconds, or ``cap`` seconds from now.
-
-    ``event`` is cleared on the way: set again when this returns, it tells of a change that came after."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + cap
-    while True:
-        event.clear()
-        left = deadline - loop.time()
-        if left <= 0 or not await sleep_or(event, min(quiet, left)):
-            return
 
 
 @dataclass(frozen=True)

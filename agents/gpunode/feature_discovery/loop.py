@@ -23,7 +23,7 @@ from gpunode.common.hostpaths import HostPaths
 from gpunode.common.http import HealthServer
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
-from gpunode.common.runtime import on_sighup, sleep_or, trim_memory
+from gpunode.common.runtime import on_sighup, settle, trim_memory
 from gpunode.feature_discovery.config import LabelingConfig
 from gpunode.feature_discovery.labeler import Labeler, LabelerOptions
 from gpunode.feature_discovery.output import NodeFeatureOutput
@@ -44,19 +44,6 @@ WAKE_DELAY = 0.5  # a pass woken by an event waits this long: a burst of events 
 # promise), or MIG_SETTLE_MAX seconds after its first event, whichever comes first.
 MIG_SETTLE = 0.5
 MIG_SETTLE_MAX = 5.0
-
-
-async def settle(event: asyncio.Event, quiet: float, cap: float) -> None:
-    """Return once ``event`` has not been set for ``quiet`` seconds, or ``cap`` seconds from now.
-
-    ``event`` is cleared on the way: set again when this returns, it tells of a change that came after."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + cap
-    while True:
-        event.clear()
-        left = deadline - loop.time()
-        if left <= 0 or not await sleep_or(event, min(quiet, left)):
-            return
 
 
 @dataclass(frozen=True)

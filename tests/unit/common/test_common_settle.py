@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpunode.device_plugin.resources import settle
+from gpunode.common.runtime import settle
 
 
 async def _events(event: asyncio.Event, every: float, count: int) -> None:
