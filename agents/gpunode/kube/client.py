@@ -387,17 +387,23 @@ class Kube:
                     self.log.info("kube_watch_expired", node=self.node_name, action="reading the node anew")
                     version = None
                     continue
-                if not isinstance(err, KubeUnavailable):
-                    raise err from None
-                self.available = False
-                self.last_error = str(err)
-                failures += 1
-                delay = self._delay(min(failures, 8), exc)
-                self.log.warning("kube_watch_failed", error=str(err), retry_in_s=round(delay, 2))
-                await self._sleep(delay)
+                failures = await self._watch_outage(err, exc, failures)
             finally:
                 with contextlib.suppress(Exception):
                     await stream.aclose()  # type: ignore[attr-defined]
+
+    async def _watch_outage(self, err: KubeError, exc: BaseException, failures: int) -> int:
+        """A watch that failed: raise what is not an outage; otherwise mark the API unavailable, wait the
+        backoff and return the failure count (the caller resumes the watch)."""
+        if not isinstance(err, KubeUnavailable):
+            raise err from None
+        self.available = False
+        self.last_error = str(err)
+        failures += 1
+        delay = self._delay(min(failures, 8), exc)
+        self.log.warning("kube_watch_failed", error=str(err), retry_in_s=round(delay, 2))
+        await self._sleep(delay)
+        return failures
 
     # -- every node (cluster-wide callers) -------------------------------------------------------------
     async def list_nodes(
@@ -520,14 +526,7 @@ class Kube:
                     self.log.info("kube_watch_expired", resource="nodes", action="listing the nodes anew")
                     version = None
                     continue
-                if not isinstance(err, KubeUnavailable):
-                    raise err from None
-                self.available = False
-                self.last_error = str(err)
-                failures += 1
-                delay = self._delay(min(failures, 8), exc)
-                self.log.warning("kube_watch_failed", error=str(err), retry_in_s=round(delay, 2))
-                await self._sleep(delay)
+                failures = await self._watch_outage(err, exc, failures)
             finally:
                 with contextlib.suppress(Exception):
                     await stream.aclose()  # type: ignore[attr-defined]
@@ -870,14 +869,7 @@ class Kube:
                     self.log.info("kube_watch_expired", resource=kind.plural, action="listing anew")
                     version = None
                     continue
-                if not isinstance(err, KubeUnavailable):
-                    raise err from None
-                self.available = False
-                self.last_error = str(err)
-                failures += 1
-                delay = self._delay(min(failures, 8), exc)
-                self.log.warning("kube_watch_failed", error=str(err), retry_in_s=round(delay, 2))
-                await self._sleep(delay)
+                failures = await self._watch_outage(err, exc, failures)
             finally:
                 with contextlib.suppress(Exception):
                     await stream.aclose()  # type: ignore[attr-defined]
