@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.runtime import Main, run
-from gpunode.common.settings import CommonSettings, Parsed, SettingsParser
+from gpunode.common.settings import CommonSettings, Parsed, SettingsParser, flags_of
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -103,6 +103,8 @@ class AgentSpec(Generic[S]):
     simulator flags are accepted but not checked. ``settings_for(argv, environ)`` picks the settings
     class (a subclass of ``settings_type``) before parsing, for flags whose defaults depend on
     another flag (gpunode-toolkit runtime's ``--runtime``); usage errors it raises exit 2.
+    ``http_port`` names the port of an agent whose HTTP port is not an ``--http-port`` setting (the
+    exporter's ``--address``); the others' comes from their settings (:attr:`default_http_port`).
     """
 
     name: str
@@ -110,7 +112,7 @@ class AgentSpec(Generic[S]):
     settings_type: type[S]
     start: Callable[[AgentContext[S]], Started | int]
     description: str | None = None
-    default_http_port: int | None = None
+    http_port: int | None = None
     config_model: Callable[[], type[BaseModel]] | None = None
     wants_config: Callable[[S], bool] | None = None
     aliases: Mapping[str, str] = field(default_factory=dict)
@@ -120,6 +122,17 @@ class AgentSpec(Generic[S]):
     uses_nvml: bool = True
     errors_with_verb: bool = False
     settings_for: Callable[[Sequence[str], Mapping[str, str]], type[S]] | None = None
+
+    @property
+    def default_http_port(self) -> int | None:
+        """The port of /healthz, /readyz and /metrics by default: ``http_port``, else the default of the
+        settings' ``--http-port``; None for a command that serves no HTTP."""
+        if self.http_port is not None:
+            return self.http_port
+        for flag in flags_of(self.settings_type):
+            if flag.dest == "http_port":
+                return int(flag.default)
+        return None
 
     @property
     def prog(self) -> str:

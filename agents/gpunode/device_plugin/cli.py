@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from gpunode.agent.main import AgentContext, AgentSpec, Started
 from gpunode.common.logging import get_logger
 from gpunode.device_plugin.configwatch import connect_kube, label_config_options
-from gpunode.device_plugin.flags import ALIASES, HTTP_PORT, DevicePluginFlags
+from gpunode.device_plugin.flags import ALIASES, DevicePluginFlags
 from gpunode.device_plugin.health import XidPolicy
 from gpunode.device_plugin.plugin import AGENT, AgentOptions, DevicePlugin
 from gpunode.device_plugin.settings import PluginSettings, plugin_settings
@@ -70,7 +70,6 @@ SPEC = AgentSpec(
     settings_type=DevicePluginFlags,
     start=start,
     description=__doc__,
-    default_http_port=HTTP_PORT,
     config_model=_config_model,
     wants_config=_wants_config,
     aliases=ALIASES,

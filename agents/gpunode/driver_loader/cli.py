@@ -71,7 +71,6 @@ def _spec(
     start: Callable[[AgentContext[S]], Started | int],
     *,
     usage_errors: tuple[type[Exception], ...] = (UsageError, ConfigError),
-    default_http_port: int | None = None,
 ) -> AgentSpec[S]:
     return AgentSpec(
         name="driver-loader",
@@ -80,14 +79,13 @@ def _spec(
         settings_type=settings,
         start=start,
         description=__doc__,
-        default_http_port=default_http_port,
         usage_errors=usage_errors,
         uses_nvml=False,
     )
 
 
 SPECS: dict[str, AgentSpec[Any]] = {
-    "init": _spec("init", InitSettings, start_init, default_http_port=9454),
+    "init": _spec("init", InitSettings, start_init),
     "unload": _spec("unload", UnloadSettings, start_unload),
     "status": _spec("status", StatusSettings, start_status, usage_errors=()),
     "upgrade": _spec("upgrade", UpgradeSettings, start_upgrade),

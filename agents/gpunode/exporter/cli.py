@@ -41,7 +41,7 @@ SPEC = AgentSpec(
     settings_type=ExporterSettings,
     start=start,
     description=__doc__,
-    default_http_port=9400,
+    http_port=9400,
     usage_errors=(CountersError, *USAGE_ERRORS),
 )
 main = SPEC.main

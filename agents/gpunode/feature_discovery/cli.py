@@ -57,7 +57,6 @@ SPEC = AgentSpec(
     settings_type=FdSettings,
     start=start,
     description=__doc__,
-    default_http_port=9452,
     config_model=plugin_config_model,
     wants_config=lambda s: config_directory(s) is None,  # a directory's file is read once the label chose it
     aliases={"--output": "output_file"},

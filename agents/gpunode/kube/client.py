@@ -3,9 +3,9 @@
 Agents talk to the API server about their own node and little else: read and merge-patch its labels and
 annotations, watch it, cordon it, list / delete / evict the pods on it, and keep one NodeFeature object.
 Cluster-wide callers (the operator) also list and watch every node as a slim
-:class:`~gpunode.kube.api.NodeSummary` (decoded straight into a few fields, the rest of each Node skipped
+:class:`~gpunode.kube.cluster.NodeSummary` (decoded straight into a few fields, the rest of each Node skipped
 unread) and merge-patch any node's labels and annotations with optimistic locking; for the objects it
-owns, any kind of :func:`~gpunode.kube.api.resource_kind` as plain JSON: server-side apply (field manager
+owns, any kind of :func:`~gpunode.kube.cluster.resource_kind` as plain JSON: server-side apply (field manager
 ``gpunode-operator``), get / list / watch / delete, the ``status`` subresource, a DaemonSet with its pods
 and ControllerRevisions, and Leases for leader election (:meth:`Kube.connect_cluster`: no own node).
 :class:`Kube` does exactly that and hands back the small frozen dataclasses of :mod:`gpunode.kube.api`
@@ -60,26 +60,28 @@ from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.logging import get_logger
 from gpunode.common.safeyaml import parse_yaml, read_config_text
 from gpunode.kube.api import (
-    CONTROLLER_REVISION,
-    DAEMON_SET,
-    LEASE,
     NODE_FEATURE_GROUP,
-    OPERATOR_FIELD_MANAGER,
-    POD,
     KubeConflict,
     KubeError,
     KubeForbidden,
     KubeNotFound,
     KubeUnavailable,
-    LeaseRecord,
-    NodeEvent,
     NodeInfo,
-    NodeSummary,
-    ObjectEvent,
     OwnerRef,
     PodInfo,
-    ResourceKind,
     require_node_name,
+)
+from gpunode.kube.cluster import (
+    CONTROLLER_REVISION,
+    DAEMON_SET,
+    LEASE,
+    OPERATOR_FIELD_MANAGER,
+    POD,
+    LeaseRecord,
+    NodeEvent,
+    NodeSummary,
+    ObjectEvent,
+    ResourceKind,
     resource_kind,
 )
 
@@ -478,58 +480,95 @@ class Kube:
         and resumed. An unreachable API server is retried with backoff, never raised; 403 is raised
         (:class:`KubeForbidden` naming ``list`` or ``watch`` on ``nodes``).
         """
-        idle = idle_timeout if idle_timeout is not None else server_timeout + 30.0
         selector: dict[str, Any] | None = dict(labels) if labels else None
+
+        async def list_all() -> tuple[Sequence[NodeSummary], str]:
+            return await self.list_nodes(labels=labels, chunk_size=chunk_size)
+
+        def open_watch(version: str | None) -> Any:
+            return self._client.watch(
+                _SlimNode, labels=selector, resource_version=version, server_timeout=server_timeout
+            )
+
+        def decode(obj: Any) -> tuple[NodeSummary, str]:
+            node = _node_summary(obj)
+            return node, node.resource_version
+
+        async for kind, nodes in self._list_watch(
+            "nodes",
+            list_all,
+            open_watch,
+            decode,
+            lambda e: _translate(e, "watch", "nodes"),
+            server_timeout,
+            idle_timeout,
+        ):
+            if kind == "SYNC":
+                yield NodeEvent("SYNC", nodes=tuple(nodes))
+            else:
+                yield NodeEvent(kind, nodes[0])
+
+    async def _list_watch(
+        self,
+        resource: str,
+        list_all: Callable[[], Awaitable[tuple[Sequence[T], str]]],
+        open_watch: Callable[[str | None], Any],
+        decode: Callable[[Any], tuple[T, str]],
+        translate: Callable[[BaseException], KubeError],
+        server_timeout: int,
+        idle_timeout: float | None,
+    ) -> AsyncIterator[tuple[Literal["SYNC"] | _Change, Sequence[T]]]:
+        """List, then watch from the list's resourceVersion, forever: ``("SYNC", every item)`` after each
+        list, ``(change, [item])`` for each change. A watch that ends or breaks resumes from the last
+        version seen; 410 Gone or an undecodable event lists again; one silent past ``idle_timeout``
+        (default ``server_timeout`` + 30 s) is abandoned and resumed; an unreachable server is retried
+        with backoff; anything else (403) is raised."""
+        idle = idle_timeout if idle_timeout is not None else server_timeout + 30.0
         version: str | None = None
         failures = 0
         while True:
             if version is None:
                 try:
-                    nodes, version = await self.list_nodes(labels=labels, chunk_size=chunk_size)
+                    items, version = await list_all()
                 except KubeUnavailable:
                     failures += 1
                     await self._sleep(self._delay(min(failures, 8), Exception()))
                     continue
-                yield NodeEvent("SYNC", nodes=tuple(nodes))
-            stream = self._client.watch(
-                _SlimNode,
-                labels=selector,
-                resource_version=version or None,
-                server_timeout=server_timeout,
-            )
+                yield "SYNC", items
+            stream = open_watch(version or None)
             iterator = aiter(stream)
             try:
                 while True:
                     try:
                         async with asyncio.timeout(idle):
-                            kind, obj = await anext(iterator)
+                            change, obj = await anext(iterator)
                     except StopAsyncIteration:
                         break
                     failures = 0
                     self.available = True
-                    node = _node_summary(obj)
-                    version = node.resource_version or version
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):  # BOOKMARK: only the version moves on
-                        yield NodeEvent(cast(_Change, kind), node)
+                    item, seen = decode(obj)
+                    version = seen or version
+                    if change in ("ADDED", "MODIFIED", "DELETED"):  # BOOKMARK: only the version moves on
+                        yield cast(_Change, change), (item,)
             except TimeoutError:
-                self.log.warning("kube_watch_stalled", resource="nodes", idle_s=idle, action="resuming")
+                self.log.warning("kube_watch_stalled", resource=resource, idle_s=idle, action="resuming")
             except (ValueError, TypeError, KeyError) as exc:  # an event we cannot decode
                 failures += 1
                 self.log.warning(
-                    "kube_watch_bad_event", error=str(exc)[:300], action="listing the nodes anew"
+                    "kube_watch_bad_event", resource=resource, error=str(exc)[:300], action="listing anew"
                 )
                 await self._sleep(self._delay(min(failures, 8), exc))
                 version = None
             except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError) as exc:
-                err = _translate(exc, "watch", "nodes")
+                err = translate(exc)
                 if err.status == 410:
-                    self.log.info("kube_watch_expired", resource="nodes", action="listing the nodes anew")
+                    self.log.info("kube_watch_expired", resource=resource, action="listing anew")
                     version = None
                     continue
                 failures = await self._watch_outage(err, exc, failures)
             finally:
                 with contextlib.suppress(Exception):
-                    await stream.aclose()  # type: ignore[attr-defined]
+                    await stream.aclose()
 
     # -- pods ------------------------------------------------------------------------------------------
     async def list_pods(
@@ -818,61 +857,36 @@ class Kube:
         """Objects of a kind (ClusterPolicies, the operator's DaemonSets) as :meth:`watch_nodes` gives
         nodes: ``SYNC`` with the complete list, then every change, forever; resumed after a drop, listed
         anew after 410 Gone or an undecodable event, unreachable servers retried, 403 raised."""
-        idle = idle_timeout if idle_timeout is not None else server_timeout + 30.0
         where = self._ns(kind, namespace)
         res = _generic(kind)
-        version: str | None = None
-        failures = 0
-        while True:
-            if version is None:
-                try:
-                    items, version = await self.list_objects(kind, namespace=namespace, labels=labels)
-                except KubeUnavailable:
-                    failures += 1
-                    await self._sleep(self._delay(min(failures, 8), Exception()))
-                    continue
-                yield ObjectEvent("SYNC", objects=tuple(items))
+
+        async def list_all() -> tuple[Sequence[Mapping[str, Any]], str]:
+            return await self.list_objects(kind, namespace=namespace, labels=labels)
+
+        def open_watch(version: str | None) -> Any:
             kw: dict[str, Any] = {"namespace": where} if where is not None else {}
-            stream = self._client.watch(
+            return self._client.watch(
                 res,
                 labels=dict(labels) if labels else None,
-                resource_version=version or None,
+                resource_version=version,
                 server_timeout=server_timeout,
                 **kw,
             )
-            iterator = aiter(stream)
-            try:
-                while True:
-                    try:
-                        async with asyncio.timeout(idle):
-                            change, obj = await anext(iterator)
-                    except StopAsyncIteration:
-                        break
-                    failures = 0
-                    self.available = True
-                    item = _plain(obj)
-                    version = str((item.get("metadata") or {}).get("resourceVersion") or "") or version
-                    if change in ("ADDED", "MODIFIED", "DELETED"):
-                        yield ObjectEvent(cast(_Change, change), obj=item)
-            except TimeoutError:
-                self.log.warning("kube_watch_stalled", resource=kind.plural, idle_s=idle, action="resuming")
-            except (ValueError, TypeError, KeyError) as exc:
-                failures += 1
-                self.log.warning(
-                    "kube_watch_bad_event", resource=kind.plural, error=str(exc)[:300], action="listing anew"
-                )
-                await self._sleep(self._delay(min(failures, 8), exc))
-                version = None
-            except (ApiError, httpx2.HTTPStatusError, httpx2.TransportError) as exc:
-                err = _translate(exc, "watch", kind.plural, group=kind.group, namespace=where or "")
-                if err.status == 410:
-                    self.log.info("kube_watch_expired", resource=kind.plural, action="listing anew")
-                    version = None
-                    continue
-                failures = await self._watch_outage(err, exc, failures)
-            finally:
-                with contextlib.suppress(Exception):
-                    await stream.aclose()  # type: ignore[attr-defined]
+
+        def decode(obj: Any) -> tuple[Mapping[str, Any], str]:
+            item = _plain(obj)
+            return item, str((item.get("metadata") or {}).get("resourceVersion") or "")
+
+        def translate(exc: BaseException) -> KubeError:
+            return _translate(exc, "watch", kind.plural, group=kind.group, namespace=where or "")
+
+        async for change, items in self._list_watch(
+            kind.plural, list_all, open_watch, decode, translate, server_timeout, idle_timeout
+        ):
+            if change == "SYNC":
+                yield ObjectEvent("SYNC", objects=tuple(items))
+            else:
+                yield ObjectEvent(change, obj=items[0])
 
     async def daemonset_rollout(
         self, name: str, namespace: str | None = None

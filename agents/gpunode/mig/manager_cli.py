@@ -29,7 +29,6 @@ SPEC = AgentSpec(
     settings_type=ManagerSettings,
     start=start,
     description=__doc__,
-    default_http_port=9453,
     aliases={"-n": "node_name"},
 )
 main = SPEC.main

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gpunode.agent.main import AgentContext, AgentSpec, Started
 from gpunode.operator.controller import Renderer
-from gpunode.operator.settings import HTTP_PORT, OperatorSettings
+from gpunode.operator.settings import OperatorSettings
 
 __all__ = ["CONSOLE_SCRIPT", "make_spec"]
 
@@ -35,6 +35,5 @@ def make_spec(render: Renderer) -> AgentSpec[OperatorSettings]:
         settings_type=OperatorSettings,
         start=start,
         description=DESCRIPTION,
-        default_http_port=HTTP_PORT,
         uses_nvml=False,
     )

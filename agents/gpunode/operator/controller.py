@@ -23,11 +23,10 @@ from typing import Any, Protocol
 
 from gpunode.common.errors import ConfigError
 from gpunode.common.logging import get_logger
-from gpunode.kube.api import (
+from gpunode.kube.api import KubeError, KubeUnavailable
+from gpunode.kube.cluster import (
     CLUSTER_POLICY,
     DAEMON_SET,
-    KubeError,
-    KubeUnavailable,
     NodeSummary,
     ObjectEvent,
     ResourceKind,

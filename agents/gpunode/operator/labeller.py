@@ -1,6 +1,6 @@
 """The node-labelling controller: watch every node, plan its labels, merge-patch the ones that change.
 
-:class:`NodeLabeller` keeps a cache of every node as a slim :class:`~gpunode.kube.api.NodeSummary`, fed
+:class:`NodeLabeller` keeps a cache of every node as a slim :class:`~gpunode.kube.cluster.NodeSummary`, fed
 by one cluster-wide list-and-watch. A node is queued when it first appears and whenever its labels or
 annotations change (status updates, heartbeats and our own writes coming back change nothing and queue
 nothing); :meth:`NodeLabeller.resync` queues every node (a policy change, the operator core's own pass).
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpunode.common.logging import get_logger
-from gpunode.kube.api import KubeConflict, KubeError, KubeForbidden, KubeNotFound, NodeEvent, NodeSummary
+from gpunode.kube.api import KubeConflict, KubeError, KubeForbidden, KubeNotFound
+from gpunode.kube.cluster import NodeEvent, NodeSummary
 from gpunode.operator.labels import LabelPolicy, has_nfd_labels, is_gpu_node, plan_node_labels
 
 __all__ = ["LabellerStats", "NodeApi", "NodeLabeller"]

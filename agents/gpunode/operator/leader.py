@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from gpunode.common.logging import get_logger
-from gpunode.kube.api import KubeConflict, KubeError, LeaseRecord
+from gpunode.kube.api import KubeConflict, KubeError
+from gpunode.kube.cluster import LeaseRecord
 
 __all__ = ["LeaderElector", "LeaseApi", "micro_time"]
 

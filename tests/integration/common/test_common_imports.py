@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+from helpers.importcheck import assert_import_is_inert
+
 MODULES = (
     "atomic",
     "cli",
@@ -21,32 +23,7 @@ MODULES = (
 
 
 def test_import_does_not_load_nvml_or_configure_anything() -> None:
-    code = textwrap.dedent(
-        f"""
-        import builtins, logging, socket, sys
-        opened = []
-        real_open = builtins.open
-        def spy_open(file, *args, **kwargs):
-            opened.append(str(file))
-            return real_open(file, *args, **kwargs)
-        builtins.open = spy_open
-        class NoSockets(socket.socket):
-            def __init__(self, *args, **kwargs):
-                raise AssertionError("socket created at import time")
-        socket.socket = NoSockets
-        for name in {MODULES!r}:
-            __import__("gpunode.common." + name)
-        builtins.open = real_open
-        assert "pynvml" not in sys.modules, "pynvml imported"
-        assert not [m for m in sys.modules if m.startswith("gpunode.nvml")], "gpunode.nvml imported"
-        assert logging.getLogger().handlers == [], "logging configured at import"
-        assert opened == [], opened
-        print("ok")
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    assert_import_is_inert("gpunode.common." + name for name in MODULES)
 
 
 def test_agents_load_the_kubernetes_client_only_when_they_use_it() -> None:

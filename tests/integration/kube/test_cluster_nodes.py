@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpunode.kube.api import KubeConflict, KubeForbidden, KubeNotFound, NodeEvent, NodeSummary
+from gpunode.kube.api import KubeConflict, KubeForbidden, KubeNotFound
 from gpunode.kube.client import Kube, load_kubeconfig
+from gpunode.kube.cluster import NodeEvent, NodeSummary
 from gpunode.sim.apiserver import FakeApiServer
 
 NODE = "node-1"  # the test API server's node (conftest.py)

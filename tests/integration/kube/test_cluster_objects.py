@@ -12,16 +12,15 @@ import pytest
 
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.common.errors import UsageError
-from gpunode.kube.api import (
+from gpunode.kube.api import KubeConflict, KubeForbidden
+from gpunode.kube.client import Kube, load_kubeconfig
+from gpunode.kube.cluster import (
     CLUSTER_POLICY,
     OPERATOR_FIELD_MANAGER,
-    KubeConflict,
-    KubeForbidden,
     LeaseRecord,
     ObjectEvent,
     resource_kind,
 )
-from gpunode.kube.client import Kube, load_kubeconfig
 from gpunode.sim.apiserver import FakeApiServer
 
 CONFIG_MAP = resource_kind("v1", "ConfigMap")

@@ -16,8 +16,9 @@ import pytest
 
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.render import render_by_agent
-from gpunode.kube.api import CLUSTER_POLICY, DAEMON_SET, KubeForbidden, KubeUnavailable
+from gpunode.kube.api import KubeForbidden, KubeUnavailable
 from gpunode.kube.client import Kube
+from gpunode.kube.cluster import CLUSTER_POLICY, DAEMON_SET
 from gpunode.operator.controller import ClusterPolicyController, ReconcileResult
 from gpunode.operator.labeller import NodeLabeller
 from gpunode.operator.selection import HASH_ANNOTATION

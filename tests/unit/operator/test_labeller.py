@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import pytest
 
-from gpunode.kube.api import KubeConflict, KubeNotFound, NodeEvent, NodeSummary
+from gpunode.kube.api import KubeConflict, KubeNotFound
+from gpunode.kube.cluster import NodeEvent, NodeSummary
 from gpunode.operator.labeller import NodeLabeller, _older
 from gpunode.operator.labels import GPU_PRESENT
 from helpers.waiting import until

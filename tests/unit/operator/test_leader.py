@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpunode.kube.api import KubeConflict, KubeUnavailable, LeaseRecord
+from gpunode.kube.api import KubeConflict, KubeUnavailable
+from gpunode.kube.cluster import LeaseRecord
 from gpunode.operator.leader import LeaderElector
 
 
