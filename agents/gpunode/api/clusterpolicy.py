@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from gpunode.api.clusterpolicy_fields import ignored_reason, leaf_paths, nvidia_spec_schema, schema_at
 from gpunode.common.config import (
@@ -116,11 +116,33 @@ class DevicePlugin(ConfigModel):
     env: tuple[EnvVar, ...] = ()
 
 
+_DURATION = r"^[0-9]+(ms|s|m|h)$"
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(duration: str) -> float:
+    """A Prometheus duration already matched by ``_DURATION`` (``15s``, ``500ms``) in seconds."""
+    unit = "ms" if duration.endswith("ms") else duration[-1]
+    return int(duration[: -len(unit)]) * _DURATION_UNITS[unit]
+
+
 class ServiceMonitor(ConfigModel):
     enabled: bool = False
-    interval: str = Field(default="15s", pattern=r"^[0-9]+(ms|s|m|h)$")
+    interval: str = Field(default="15s", pattern=_DURATION)
+    # NVIDIA's chart sets 10s; unset, Prometheus uses its global scrape_timeout.
+    scrape_timeout: str | None = Field(default=None, pattern=_DURATION)
     honor_labels: bool = False
     additional_labels: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _timeout_within_interval(self) -> ServiceMonitor:
+        # Prometheus refuses a target whose scrape timeout exceeds its interval; say so here, not there.
+        if self.scrape_timeout is not None and _seconds(self.scrape_timeout) > _seconds(self.interval):
+            raise ValueError(
+                f"scrapeTimeout {self.scrape_timeout} is longer than interval {self.interval}; "
+                "Prometheus refuses such a target (make scrapeTimeout <= interval)"
+            )
+        return self
 
 
 class DcgmExporter(ConfigModel):

@@ -170,6 +170,7 @@ def nvidia_spec_schema() -> Schema:
         operator=_obj(
             defaultRuntime=_str(enum=["docker", "crio", "containerd"]),
             runtimeClass=_str(),
+            defaultGPUMode=_str(),
             initContainer=_obj(**_image()),
             labels=_str_map(),
             annotations=_str_map(),
@@ -213,6 +214,7 @@ def nvidia_spec_schema() -> Schema:
             serviceMonitor=_obj(
                 enabled=_bool(),
                 interval=_str(),
+                scrapeTimeout=_str(),
                 honorLabels=_bool(),
                 additionalLabels=_str_map(),
                 relabelings=_list(_relabel_config()),
@@ -224,6 +226,7 @@ def nvidia_spec_schema() -> Schema:
             enablePodLabels=_bool(),
             enablePodUID=_bool(),
             podLabelAllowlistRegex=_list(_str()),
+            podMetrics=_obj(enabled=_bool()),
         ),
         dcgm=_component(hostPort=_int("int32")),
         nodeStatusExporter=_component(),
@@ -248,10 +251,13 @@ def nvidia_spec_schema() -> Schema:
         gds=_component(resources=False),
         gdrcopy=_component(resources=False),
         sandboxWorkloads=_obj(
-            enabled=_bool(), defaultWorkload=_str(enum=["container", "vm-passthrough", "vm-vgpu"])
+            enabled=_bool(),
+            defaultWorkload=_str(enum=["container", "vm-passthrough", "vm-vgpu"]),
+            mode=_str(enum=["kubevirt", "kata"]),
         ),
         vfioManager=_component(driverManager=_driver_manager()),
         sandboxDevicePlugin=_component(),
+        kataSandboxDevicePlugin=_component(),
         vgpuManager=_component(driverManager=_driver_manager()),
         vgpuDeviceManager=_component(config=_obj(name=_str(), default=_str())),
         cdi=_obj(enabled=_bool(), default=_bool(), nriPluginEnabled=_bool()),
@@ -427,6 +433,10 @@ REASONS: Mapping[str, str] = {
     "spec.sandboxWorkloads": _SANDBOX,
     "spec.vfioManager": _SANDBOX,
     "spec.sandboxDevicePlugin": _SANDBOX,
+    "spec.kataSandboxDevicePlugin": _SANDBOX,
+    "spec.operator.defaultGPUMode": _SANDBOX,
+    "spec.dcgmExporter.podMetrics": "pod attribution comes from the kubelet's PodResources socket "
+    "(DCGM_EXPORTER_KUBERNETES through spec.dcgmExporter.env)",
     "spec.vgpuManager": _SANDBOX,
     "spec.vgpuDeviceManager": _SANDBOX,
     "spec.kataManager": _SANDBOX,

@@ -1026,6 +1026,7 @@ class _Renderer:
                                 "port": "metrics",
                                 "path": "/metrics",
                                 "interval": sm.interval,
+                                **({"scrapeTimeout": sm.scrape_timeout} if sm.scrape_timeout else {}),
                                 "honorLabels": sm.honor_labels,
                             }
                         ],

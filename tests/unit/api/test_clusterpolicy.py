@@ -184,3 +184,28 @@ def test_every_field_the_model_declares_is_in_the_crd() -> None:
 
     schema = spec_schema()
     assert [p for p in walk(Spec, ()) if schema_at(schema, p) is None] == []
+
+
+@pytest.mark.parametrize(
+    ("monitor", "error"),
+    [
+        ("{enabled: true, interval: 30s, scrapeTimeout: 10s}", None),
+        ("{enabled: true, interval: 15s, scrapeTimeout: 15s}", None),
+        ("{enabled: true, interval: 1m, scrapeTimeout: 500ms}", None),
+        (
+            "{enabled: true, interval: 15s, scrapeTimeout: 20s}",
+            "scrapeTimeout 20s is longer than interval 15s",
+        ),
+        ("{enabled: true, scrapeTimeout: ten}", "spec.dcgmExporter.serviceMonitor.scrapeTimeout"),
+    ],
+)
+def test_service_monitor_scrape_timeout_is_honoured_and_checked(monitor: str, error: str | None) -> None:
+    text = BASE + f"spec:\n  dcgmExporter:\n    serviceMonitor: {monitor}\n"
+    if error is None:
+        loaded = parse_policy_text(text, "p.yaml", strict=True)
+        assert not loaded.warnings
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_policy_text(text, "p.yaml", strict=True)
+    assert error in str(info.value)
+    assert "p.yaml" in str(info.value)

@@ -423,21 +423,6 @@ def test_production_values_load() -> None:
     )
 
 
-# ClusterPolicy fields that NVIDIA's chart templates write but gpunode's CRD table (api.clusterpolicy_fields)
-# does not have yet: the model calls them unknown (an error with --strict).
-KNOWN_GAPS = {
-    "spec.operator.defaultGPUMode",
-    "spec.sandboxWorkloads.mode",
-    "spec.dcgmExporter.podMetrics",
-    "spec.dcgmExporter.serviceMonitor.scrapeTimeout",
-    "spec.kataSandboxDevicePlugin",
-}
-
-
-def _gap(dest: str) -> bool:
-    return any(dest == gap or dest.startswith(gap + ".") for gap in KNOWN_GAPS)
-
-
 def test_every_cluster_policy_path_written_is_a_crd_field() -> None:
     from gpunode.api.clusterpolicy_fields import schema_at, spec_schema
 
@@ -447,7 +432,4 @@ def test_every_cluster_policy_path_written_is_a_crd_field() -> None:
     dests += [f"spec.dcgmExporter.serviceMonitor.{k}" for k in ("additionalLabels", "relabelings")]
     dests.append("spec.dcgmExporter.serviceMonitor.scrapeTimeout")  # the chart's default since v25
     missing = {d for d in dests if schema_at(schema, tuple(d.split(".")[1:])) is None}
-    assert {d for d in missing if not _gap(d)} == set()
-    assert {g for g in KNOWN_GAPS if not any(_gap(d) and d.startswith(g) for d in missing)} == set(), (
-        "a known gap is now in the CRD table: remove it from KNOWN_GAPS"
-    )
+    assert missing == set(), "NVIDIA's chart writes these ClusterPolicy paths; add them to the CRD table"

@@ -111,8 +111,12 @@ def _validate_service_monitor(obj: dict[str, Any]) -> None:
     assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
     assert set(obj["spec"]) == {"selector", "namespaceSelector", "endpoints"}
     for ep in obj["spec"]["endpoints"]:
-        assert set(ep) <= {"port", "path", "interval", "honorLabels"}
+        assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "honorLabels"}
         assert isinstance(ep["honorLabels"], bool)
+        # The Prometheus Operator's Duration pattern for interval and scrapeTimeout.
+        duration = r"(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)"
+        for key in ("interval", "scrapeTimeout"):
+            assert key not in ep or re.fullmatch(duration, ep[key])
 
 
 @pytest.mark.parametrize("name", SEEDS)
@@ -534,6 +538,7 @@ def test_exporter_service_and_servicemonitor() -> None:
     assert svc["spec"]["ports"][0]["port"] == 9400
     sm = next(o for o in objs if o["kind"] == "ServiceMonitor")
     assert sm["spec"]["endpoints"][0]["interval"] == "15s"
+    assert sm["spec"]["endpoints"][0]["scrapeTimeout"] == "10s"
     assert sm["metadata"]["labels"]["release"] == "prometheus"
 
 
