@@ -103,6 +103,23 @@ class DevicePluginFlags:
         file_key="flags.plugin.sharedDevicesAllocationPolicy",
         help="how replicas and MIG devices are chosen",
     )
+    imex_channel_ids: tuple[int, ...] = setting(
+        "--imex-channel-ids",
+        env="IMEX_CHANNEL_IDS",
+        type=int,
+        repeatable=True,
+        metavar="ID",
+        file_key="imex.channelIDs",
+        help="IMEX channel handed to every container (only 0 is allowed, as NVIDIA's plugin)",
+    )
+    imex_required: bool = setting(
+        "--imex-required",
+        env="IMEX_REQUIRED",
+        type=bool,
+        default=False,
+        file_key="imex.required",
+        help="refuse to start when a requested IMEX channel node is missing (false: warn, hand none out)",
+    )
     kubelet_socket: str = setting(
         "--kubelet-socket",
         env="KUBELET_SOCKET",

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from gpunode.common.runtime import Backoff, settle, sleep_or
 from gpunode.device_plugin.devices import DeviceConfigError, Resource, build_inventory
+from gpunode.device_plugin.imex import resolve_channels
 from gpunode.device_plugin.server import ResourceServer, SharedState
 from gpunode.nvml import errors
 from gpunode.nvml.caps import read_mig_minors
@@ -149,6 +150,10 @@ class Resources:
             assert self.nvml is not None
             target = settings or self.state.settings
             try:
+                imex = resolve_channels(target, self.host)  # checked once per configuration, as NVIDIA
+                target = imex.settings
+                for warning in imex.warnings:
+                    self.log.warning("imex_channel_missing", detail=warning)
                 built = await self.build(target)
             except DeviceConfigError as exc:
                 if initial:

@@ -182,5 +182,7 @@ def plugin_settings(flags: DevicePluginFlags, config: PluginConfig | None) -> Pl
         "shared_allocation_policy": flags.shared_devices_allocation_policy,
         "driver_root": flags.common.driver_root,
         "dev_root": flags.dev_root,
+        "imex_channel_ids": flags.imex_channel_ids,
+        "imex_required": flags.imex_required,
     }
     return settings_from_config(config, {key: value for key, value in overrides.items() if value is not None})

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpunode.common.cmdargs import release_problem
+from gpunode.common.devnode import IMEX_CHANNEL_COUNT
 from gpunode.common.errors import ConfigError, UsageError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.settings import CommonSettings
@@ -60,6 +61,7 @@ class LoaderConfig:
     write_nouveau_blacklist: bool = False
     validations_dir: str = DEFAULT_VALIDATIONS_DIR
     create_device_nodes: bool = True
+    imex_channels: tuple[int, ...] = ()
     udev_timeout: float = DEFAULT_UDEV_TIMEOUT
     health_interval: float = DEFAULT_HEALTH_INTERVAL
     persistenced_stop_timeout: float = 5.0
@@ -148,6 +150,18 @@ def detect_driver_version(paths: HostPaths) -> str | None:
     return None
 
 
+def imex_channels(channels: tuple[int, ...]) -> tuple[int, ...]:
+    """``--imex-channels``, sorted and without repeats; :class:`UsageError` for a number the driver has no
+    channel for (it has 2048: 0-2047)."""
+    bad = sorted({c for c in channels if not 0 <= c < IMEX_CHANNEL_COUNT})
+    if bad:
+        raise UsageError(
+            f"--imex-channels/GPUNODE_IMEX_CHANNELS: no IMEX channel {', '.join(map(str, bad))}; "
+            f"the driver has channels 0-{IMEX_CHANNEL_COUNT - 1}"
+        )
+    return tuple(sorted(set(channels)))
+
+
 def loader_config(
     common: CommonSettings,
     host: HostSettings,
@@ -193,6 +207,7 @@ def loader_config(
         write_nouveau_blacklist=how.write_nouveau_blacklist,
         validations_dir=host.validations_dir or DEFAULT_VALIDATIONS_DIR,
         create_device_nodes=how.create_device_nodes,
+        imex_channels=imex_channels(how.imex_channels),
         udev_timeout=how.udev_timeout,
         health_interval=health_interval,
     )

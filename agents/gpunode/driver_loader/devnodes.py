@@ -8,7 +8,10 @@ The nvidia modules register character majors (``/proc/devices``: ``nvidia-fronte
   ``/proc/driver/nvidia/gpus/<bdf>/information``), ``/dev/nvidia-modeset`` 195:254 when modeset is loaded;
 * ``/dev/nvidia-uvm`` M:0 and ``/dev/nvidia-uvm-tools`` M:1 with M the ``nvidia-uvm`` major;
 * ``/dev/nvidia-caps/nvidia-cap<minor>`` with the ``nvidia-caps`` major for every capability file
-  under ``/proc/driver/nvidia/capabilities`` (``DeviceFileMinor``/``DeviceFileMode``; MIG access).
+  under ``/proc/driver/nvidia/capabilities`` (``DeviceFileMinor``/``DeviceFileMode``; MIG access);
+* ``/dev/nvidia-caps-imex-channels/channel<N>`` with the ``nvidia-caps-imex-channels`` major, minor N,
+  for the IMEX channels asked for (``--imex-channels``; the driver makes channel 0 itself only when
+  loaded with ``NVreg_CreateImexChannel0=1``).
 
 :func:`ensure_nodes` creates the missing or wrong ones. Where udev runs (``/run/udev/control`` exists)
 it first waits a little for udev to make them, watching udev's events through pyudev; this module is
@@ -25,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpunode.common.devnode import IMEX_CHANNELS_MAJOR_NAME, imex_channel_path
 from gpunode.common.hostpaths import HostPaths
 from gpunode.driver_loader.kmod import HostOps
 from gpunode.driver_loader.modules import (
@@ -54,8 +58,11 @@ class DeviceNode:
         return f"{self.path.name} {self.major}:{self.minor}"
 
 
-def plan_nodes(paths: HostPaths, loaded: Sequence[str]) -> list[DeviceNode]:
-    """Every node the loaded modules need (``loaded``: sysfs module names)."""
+def plan_nodes(
+    paths: HostPaths, loaded: Sequence[str], *, imex_channels: Sequence[int] = ()
+) -> list[DeviceNode]:
+    """Every node the loaded modules need (``loaded``: sysfs module names), and the IMEX channels asked
+    for (:class:`NodeError` when the driver registered no IMEX major)."""
     try:
         majors = parse_proc_devices(paths.proc_devices.read_text())
     except OSError as exc:
@@ -72,6 +79,7 @@ def plan_nodes(paths: HostPaths, loaded: Sequence[str]) -> list[DeviceNode]:
             for cap in capabilities(paths):
                 path = paths.nvidia_caps / f"nvidia-cap{cap.minor}"
                 nodes.append(DeviceNode(path, caps_major, cap.minor, cap.mode))
+        nodes.extend(imex_nodes(paths, majors, imex_channels))
     if "nvidia_uvm" in loaded:
         uvm = majors.get("nvidia-uvm")
         if uvm is None:
@@ -79,6 +87,21 @@ def plan_nodes(paths: HostPaths, loaded: Sequence[str]) -> list[DeviceNode]:
         nodes.append(DeviceNode(paths.nvidia_uvm, uvm, 0))
         nodes.append(DeviceNode(paths.nvidia_uvm_tools, uvm, 1))
     return nodes
+
+
+def imex_nodes(paths: HostPaths, majors: dict[str, int], channels: Sequence[int]) -> list[DeviceNode]:
+    """``/dev/nvidia-caps-imex-channels/channel<N>`` (mode 0666, as NVIDIA's guide makes them) with the
+    ``nvidia-caps-imex-channels`` major; none asked for, none planned."""
+    if not channels:
+        return []
+    major = majors.get(IMEX_CHANNELS_MAJOR_NAME)
+    if major is None:
+        raise NodeError(
+            f"IMEX channels {', '.join(map(str, channels))} asked for (--imex-channels) but "
+            f"{paths.proc_devices} lists no {IMEX_CHANNELS_MAJOR_NAME} major: the loaded driver has no "
+            "IMEX channels (driver 550 or later has them); drop --imex-channels or upgrade the driver"
+        )
+    return [DeviceNode(paths.host(imex_channel_path(n)), major, n) for n in channels]
 
 
 def gpu_minors(paths: HostPaths) -> list[int]:

@@ -426,7 +426,7 @@ class DriverLoader:
 
     async def ensure_nodes(self, out: StepOutcome, *, udev: bool) -> list[devnodes.DeviceNode]:
         loaded = kmod.loaded_modules(self.paths)
-        nodes = devnodes.plan_nodes(self.paths, loaded)
+        nodes = devnodes.plan_nodes(self.paths, loaded, imex_channels=self.cfg.imex_channels)
         created, by_udev = await devnodes.ensure_nodes(
             self.paths,
             self.ops,

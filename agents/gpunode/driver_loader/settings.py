@@ -189,6 +189,15 @@ class LoadSettings:
         default=True,
         help="mknod the /dev/nvidia* nodes the driver does not create (false: only report them)",
     )
+    imex_channels: tuple[int, ...] = setting(
+        "--imex-channels",
+        env="GPUNODE_IMEX_CHANNELS",
+        type=int,
+        repeatable=True,
+        metavar="N",
+        help="also create /dev/nvidia-caps-imex-channels/channel<N> (major nvidia-caps-imex-channels of "
+        "/proc/devices) for each N, 0-2047",
+    )
     udev_timeout: float = setting(
         "--udev-timeout",
         type=float,

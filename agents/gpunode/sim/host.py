@@ -52,7 +52,7 @@ DEPENDS = {
     "nvidia_drm": "nvidia_modeset",
 }
 HOST_MODULES = ("i2c_core", "ipmi_msghandler", "ipmi_devintf")
-MAJORS = {"nvidia-frontend": 195, "nvidia-caps": 235, "nvidia-uvm": 508}
+MAJORS = {"nvidia-frontend": 195, "nvidia-caps": 235, "nvidia-caps-imex-channels": 234, "nvidia-uvm": 508}
 BASE_DEVICES = (
     "Character devices:\n  1 mem\n  4 /dev/vc/0\n  4 tty\n  5 /dev/tty\n 10 misc\n 89 i2c\n"
     "128 ptm\n136 pts\n180 usb\n226 drm\n"
@@ -414,7 +414,10 @@ def _register(config: dict[str, Any], module: str, *, loading: bool) -> None:
     """What loading/removing a module does to /proc (majors, driver files)."""
     root = _root(config)
     devices = root / "proc/devices"
-    names = {"nvidia": ("nvidia-frontend", "nvidia-caps"), "nvidia_uvm": ("nvidia-uvm",)}.get(module, ())
+    names = {
+        "nvidia": ("nvidia-frontend", "nvidia-caps", "nvidia-caps-imex-channels"),
+        "nvidia_uvm": ("nvidia-uvm",),
+    }.get(module, ())
     if names:
         text = devices.read_text()
         chars, _, block = text.partition("\nBlock devices:")

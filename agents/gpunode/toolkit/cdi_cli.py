@@ -43,6 +43,7 @@ from gpunode.toolkit.cdi import (
     read_mig_cap_minors,
     render,
 )
+from gpunode.toolkit.cdi_imex import build_imex_spec, discover_channels, is_imex_kind
 from gpunode.toolkit.settings import CdiGenerateSettings, CdiListSettings, CdiSpecSettings
 
 __all__ = [
@@ -95,7 +96,11 @@ def generate_job(cdi: CdiSpecSettings, driver_root: str, output: str, fmt: str |
 
 
 async def snapshot(nvml: Nvml, job: GenerateJob, log: Logger) -> Spec:
-    """The spec of the devices NVML reports now (discovery warnings are logged)."""
+    """The spec of the devices NVML reports now (discovery warnings are logged); for the
+    ``imex-channel`` class, of the IMEX channel nodes (no NVML)."""
+    if is_imex_kind(job.opts.kind):
+        channels = await asyncio.to_thread(discover_channels, job.host, job.opts.dev_root)
+        return build_imex_spec(channels, job.opts)
     system = await nvml.system()
     gpus = await nvml.gpus()
     migs = {g.index: tuple(await nvml.mig_devices(g.index)) for g in gpus if g.mig_enabled}
