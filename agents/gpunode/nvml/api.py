@@ -177,6 +177,32 @@ class MigDevice:
     memory_free_mib: int | None = None
 
 
+FABRIC_STATES = {0: "not-supported", 1: "not-started", 2: "in-progress", 3: "completed"}
+FABRIC_HEALTH = {0: "not-supported", 1: "healthy", 2: "unhealthy", 3: "limited-capacity"}
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """A GPU's place on an NVLink fabric (nvmlDeviceGetGpuFabricInfoV), as GB200 NVL systems report it."""
+
+    state: str  # FABRIC_STATES: "completed" once the fabric manager has trained the GPU
+    status: int  # the NVML return code of the registration (0: success)
+    cluster_uuid: str | None  # canonical UUID text; None while zero (not trained, or not on a fabric)
+    clique_id: int
+    degraded_bandwidth: bool | None = None  # health mask bits 0-1; None: not reported
+    health: str | None = None  # FABRIC_HEALTH (fabric info v3); None: not reported
+
+    @property
+    def attached(self) -> bool:
+        """Fabric-attached the way GPU feature discovery counts it: trained, success, a cluster UUID."""
+        return self.state == "completed" and self.status == 0 and self.cluster_uuid is not None
+
+    @property
+    def clique(self) -> str | None:
+        """``<clusterUUID>.<cliqueId>`` (NVIDIA's ``nvidia.com/gpu.clique`` value) when attached."""
+        return f"{self.cluster_uuid}.{self.clique_id}" if self.attached else None
+
+
 class TopoLevel(enum.IntEnum):
     """NVML's common-ancestor levels; the names are the ones `nvidia-smi topo -m` prints."""
 
@@ -354,6 +380,10 @@ class Nvml(Protocol):
     async def telemetry(self, index: int) -> Telemetry: ...
 
     async def fabric_clique(self, index: int) -> str | None: ...
+
+    async def fabric_info(self, index: int) -> FabricInfo | None:
+        """The GPU's NVLink fabric registration; None where the GPU or driver does not report one."""
+        ...
 
     async def mig_memory(self, index: int) -> dict[str, tuple[int, int]]: ...
 

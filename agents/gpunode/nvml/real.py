@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import threading
+import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar, overload
 
 import pynvml
 
@@ -22,10 +23,13 @@ from gpunode.nvml import errors, mig
 from gpunode.nvml.api import (
     ARCHITECTURES,
     BRANDS,
+    FABRIC_HEALTH,
+    FABRIC_STATES,
     HEALTH_EVENTS,
     CiProfile,
     ComputeInstance,
     EventKind,
+    FabricInfo,
     GiProfile,
     GpuInfo,
     GpuInstance,
@@ -731,21 +735,39 @@ class RealNvml:
 
     def _fabric_clique(self, index: int) -> str | None:
         """`<cluster UUID>.<clique id>` for a GPU on an NVLink fabric (GB200 and the like), else None."""
-        info = pynvml.c_nvmlGpuFabricInfo_v2_t()
+        info = self._fabric_info(index)
+        return None if info is None else info.clique
+
+    async def fabric_info(self, index: int) -> FabricInfo | None:
+        return await self._run(self._fabric_info, index)
+
+    def _fabric_info(self, index: int) -> FabricInfo | None:
+        """Fabric info v3 (health summary), falling back to v2 on drivers that predate it."""
+        handle = self._handle(index)
+        tolerate = (errors.NotSupported, errors.FunctionNotFound, errors.InvalidArgument)
+        v3 = pynvml.c_nvmlGpuFabricInfo_v3_t()
         got = _call(
             pynvml.nvmlDeviceGetGpuFabricInfoV,
-            self._handle(index),
-            ctypes.byref(info),
-            tolerate=(errors.NotSupported, errors.FunctionNotFound, errors.InvalidArgument),
+            handle,
+            ctypes.byref(v3),
+            tolerate=(*tolerate, errors.VersionMismatch),
         )
+        info: Any = v3
         if got is None:
-            return None
+            info = pynvml.c_nvmlGpuFabricInfo_v2_t()
+            got = _call(pynvml.nvmlDeviceGetGpuFabricInfoV, handle, ctypes.byref(info), tolerate=tolerate)
+            if got is None:
+                return None
         cluster = bytes(info.clusterUuid)
-        if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != 0 or not any(cluster):
-            return None
-        import uuid as uuidlib
-
-        return f"{uuidlib.UUID(bytes=cluster)}.{int(info.cliqueId)}"
+        degraded = (int(info.healthMask) >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0x3
+        return FabricInfo(
+            state=FABRIC_STATES.get(int(info.state), f"unknown-{int(info.state)}"),
+            status=int(info.status),
+            cluster_uuid=str(uuidlib.UUID(bytes=cluster)) if any(cluster) else None,
+            clique_id=int(info.cliqueId),
+            degraded_bandwidth={1: True, 2: False}.get(degraded),
+            health=FABRIC_HEALTH.get(int(info.healthSummary)) if info is v3 else None,
+        )
 
     # -- telemetry -----------------------------------------------------------------------------------------
     async def telemetry(self, index: int) -> Telemetry:

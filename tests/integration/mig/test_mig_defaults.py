@@ -25,6 +25,13 @@ MUST_APPLY = {
                  "all-4g.71gb", "all-7g.141gb"},
     "a30x4": {"all-balanced", "all-1g.6gb", "all-1g.6gb.me", "all-2g.12gb", "all-2g.12gb.me", "all-4g.24gb"},
     "mixed": {"all-disabled", "all-balanced", "all-1g.10gb", "all-7g.80gb"},
+    "h100-nvl": {"all-balanced", "all-1g.12gb", "all-1g.12gb.me", "all-1g.24gb", "all-2g.24gb", "all-3g.47gb",
+                 "all-4g.47gb", "all-7g.94gb"},
+    # every Blackwell entry of the default config (the GPU Operator's) for B200 and GB200
+    "dgx-b200": {"all-disabled", "all-enabled", "all-balanced", "all-1g.23gb", "all-1g.23gb.me",
+                 "all-1g.45gb", "all-2g.45gb", "all-3g.90gb", "all-4g.90gb", "all-7g.180gb"},
+    "gb200-nvl4": {"all-disabled", "all-enabled", "all-balanced", "all-1g.23gb", "all-1g.23gb.me",
+                   "all-1g.47gb", "all-2g.47gb", "all-3g.93gb", "all-4g.93gb", "all-7g.186gb"},
 }  # fmt: skip
 
 

@@ -210,6 +210,7 @@ def test_default_config_shape() -> None:
         pytest.param(A30, {"1g.6gb": 2, "2g.12gb": 1}, id="A30"),
         pytest.param(0x232110DE, {"1g.12gb": 2, "2g.24gb": 1, "3g.47gb": 1}, id="H100-NVL"),
         pytest.param(0x290110DE, {"1g.23gb": 2, "2g.45gb": 1, "3g.90gb": 1}, id="B200"),
+        pytest.param(0x294110DE, {"1g.23gb": 2, "2g.47gb": 1, "3g.93gb": 1}, id="GB200"),
         pytest.param(0x2BB510DE, {"1g.24gb": 2, "2g.48gb": 1}, id="RTX-PRO-6000"),
     ],
 )
@@ -236,7 +237,20 @@ def test_default_filtered_names(name: str, pci_id: int, expected: dict[str, int]
     assert layout_for(default_spec(), name, gpu) == expected
 
 
-@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "a30x4", "mixed"])
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "dgx-a100",
+        "dgx-a100-80gb",
+        "dgx-h100",
+        "hgx-h200",
+        "a30x4",
+        "mixed",
+        "h100-nvl",
+        "dgx-b200",
+        "gb200-nvl4",
+    ],
+)
 def test_generated_layouts_agree_with_the_defaults(preset: str) -> None:
     """Every config generate-config writes for a simulated node is in the defaults, with the same layout."""
     node = preset_node(preset)
@@ -276,6 +290,30 @@ GENERATED_NAMES = {
         "all-4g.71gb",
         "all-7g.141gb",
     ],
+    "dgx-b200": [
+        "all-disabled",
+        "all-enabled",
+        "all-balanced",
+        "all-1g.23gb",
+        "all-1g.23gb.me",
+        "all-1g.45gb",
+        "all-2g.45gb",
+        "all-3g.90gb",
+        "all-4g.90gb",
+        "all-7g.180gb",
+    ],
+    "gb200-nvl4": [
+        "all-disabled",
+        "all-enabled",
+        "all-balanced",
+        "all-1g.23gb",
+        "all-1g.23gb.me",
+        "all-1g.47gb",
+        "all-2g.47gb",
+        "all-3g.93gb",
+        "all-4g.93gb",
+        "all-7g.186gb",
+    ],
     "a30x4": [
         "all-disabled",
         "all-enabled",
@@ -314,6 +352,19 @@ GENERATED_LAYOUTS = {
         "all-1g.35gb": {"1g.35gb": 4},
         "all-3g.71gb": {"3g.71gb": 2},  # 70.5 rounds away from zero, as Go does
         "all-4g.71gb": {"4g.71gb": 1},
+    },
+    "dgx-b200": {
+        "all-balanced": {"1g.23gb": 2, "2g.45gb": 1, "3g.90gb": 1},
+        "all-1g.23gb": {"1g.23gb": 7},
+        "all-1g.23gb.me": {"1g.23gb+me": 1},
+        "all-1g.45gb": {"1g.45gb": 4},
+        "all-7g.180gb": {"7g.180gb": 1},
+    },
+    "gb200-nvl4": {
+        "all-balanced": {"1g.23gb": 2, "2g.47gb": 1, "3g.93gb": 1},
+        "all-1g.47gb": {"1g.47gb": 4},  # 46.5 rounds away from zero, as Go does
+        "all-2g.47gb": {"2g.47gb": 3},
+        "all-7g.186gb": {"7g.186gb": 1},
     },
     "a30x4": {
         "all-balanced": {"1g.6gb": 2, "2g.12gb": 1},

@@ -68,7 +68,31 @@ def _gh100(
     ]
 
 
-# §5.1-§5.5: preset -> (product name, compute slices = max MIG devices, GI profiles)
+def _gb100(
+    names: tuple[str, str, str, str, str, str],
+    mem: tuple[int, int, int, int],
+    sms: tuple[int, int, int, int, int, int],
+) -> list[GiFact]:
+    """Blackwell: the 1g/1g+me/1g (2 slices)/2g rows are published `-lgip` output (gpu-operator #1242,
+    #1303, mig-parted #187, #227); the 3g/4g/7g ids, engines and all placements follow the uniform 8-slot
+    pattern (inferred, as the presets say)."""
+    g1, g1_2, g2, g3, g4, g7 = names
+    m1, m2, m4, m7 = mem
+    s1, s1_2, s2, s3, s4, s7 = sms
+    return [
+        GiFact(g1, P.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 1, s1, m1, 7, 2, 1, 1, 0, ALL7),
+        GiFact(g1 + "+me", P.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, 1, 1, s1, m1, 1, 2, 1, 1, 1, ALL7),
+        GiFact(
+            g1_2, P.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, 1, 2, s1_2, m2, 4, 2, 1, 1, 0, (0, 2, 4, 6)
+        ),
+        GiFact(g2, P.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, 2, 2, s2, m2, 3, 4, 2, 2, 0, (0, 2, 4)),
+        GiFact(g3, P.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, 3, 4, s3, m4, 2, 6, 3, 3, 0, (0, 4)),
+        GiFact(g4, P.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, 4, 4, s4, m4, 1, 8, 4, 4, 0, (0,)),
+        GiFact(g7, P.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, 7, 8, s7, m7, 1, 16, 7, 7, 1, (0,)),
+    ]
+
+
+# §5.1-§5.6: preset -> (product name, compute slices = max MIG devices, GI profiles)
 PRODUCTS: dict[str, tuple[str, int, list[GiFact]]] = {
     "dgx-a100": (
         "NVIDIA A100-SXM4-40GB",
@@ -90,6 +114,31 @@ PRODUCTS: dict[str, tuple[str, int, list[GiFact]]] = {
         7,
         _gh100(
             "1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb", (16384, 33024, 71168, 143104)
+        ),
+    ),
+    "h100-nvl": (
+        "NVIDIA H100 NVL",
+        7,
+        _gh100(
+            "1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb", (11008, 22144, 47488, 95360)
+        ),
+    ),
+    "dgx-b200": (
+        "NVIDIA B200",
+        7,
+        _gb100(
+            ("1g.23gb", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"),
+            (22528, 45312, 91392, 182784),
+            (18, 30, 36, 70, 72, 144),
+        ),
+    ),
+    "gb200-nvl4": (
+        "NVIDIA GB200",
+        7,
+        _gb100(
+            ("1g.23gb", "1g.47gb", "2g.47gb", "3g.93gb", "4g.93gb", "7g.186gb"),
+            (22528, 46592, 94464, 188928),
+            (18, 32, 38, 74, 76, 152),
         ),
     ),
     "a30x4": (
@@ -135,7 +184,7 @@ PRODUCTS: dict[str, tuple[str, int, list[GiFact]]] = {
     ),
 }
 AMPERE = {"dgx-a100", "dgx-a100-80gb", "a30x4"}
-HOPPER = {"dgx-h100", "hgx-h200"}
+HOPPER = {"dgx-h100", "hgx-h200", "h100-nvl", "dgx-b200", "gb200-nvl4"}  # and Blackwell: no reset
 
 ALL_PROFILES = [
     pytest.param(preset, fact, id=f"{preset}-{fact.name}")

@@ -20,11 +20,19 @@ PRESET_FACTS = {
     "hgx-h200": (8, "NVIDIA H200", 143771, (9, 0), 132, 0x233510DE, "hopper", True, 18),
     "a30x4": (4, "NVIDIA A30", 24576, (8, 0), 56, 0x20B710DE, "ampere", True, 0),
     "t4x4": (4, "Tesla T4", 15360, (7, 5), 40, 0x1EB810DE, "turing", False, 0),
+    "dgx-b200": (8, "NVIDIA B200", 183359, (10, 0), 148, 0x290110DE, "blackwell", True, 18),
+    "gb200-nvl4": (4, "NVIDIA GB200", 189471, (10, 0), 152, 0x294110DE, "blackwell", True, 18),
+    "h100-nvl": (4, "NVIDIA H100 NVL", 95830, (9, 0), 132, 0x232110DE, "hopper", True, 12),
+    "l4x8": (8, "NVIDIA L4", 23034, (8, 9), 58, 0x27B810DE, "ada", False, 0),
+    "l40sx4": (4, "NVIDIA L40S", 46068, (8, 9), 142, 0x26B910DE, "ada", False, 0),
+    "a10x4": (4, "NVIDIA A10", 23028, (8, 6), 72, 0x223610DE, "ampere", False, 0),
+    "a2x2": (2, "NVIDIA A2", 15356, (8, 6), 10, 0x25B610DE, "ampere", False, 0),
 }
+BLACKWELL = {"dgx-b200", "gb200-nvl4"}
 
 
 def test_every_preset_is_listed() -> None:
-    assert set(PRESET_FACTS) | {"mixed"} == set(sim.preset_names())
+    assert set(PRESET_FACTS) | {"mixed", "mixed-ada-ampere"} == set(sim.preset_names())
 
 
 @pytest.mark.parametrize("preset", sorted(PRESET_FACTS))
@@ -52,12 +60,16 @@ async def test_inventory_matches_the_product(preset: str) -> None:
         assert g.architecture == arch
         assert g.mig_capable is mig_capable
         assert g.uuid.startswith("GPU-")
-        assert g.pci.bus_id.startswith("00000000:")
+        assert g.pci.bus_id.startswith("000000" if preset == "gb200-nvl4" else "00000000:")
         assert g.numa_node is not None
     assert topo.link_count(0, 1) == links01
     assert topo.link_count(0, 0) == 0
-    assert system.driver_version == "550.54.15"
-    assert system.cuda_version == (12, 4)
+    if preset in BLACKWELL:  # Blackwell needs R570 (CUDA 12.8)
+        assert system.driver_version == "570.124.06"
+        assert system.cuda_version == (12, 8)
+    else:
+        assert system.driver_version == "550.54.15"
+        assert system.cuda_version == (12, 4)
 
 
 async def test_mixed_node_has_one_nvlink_bridge_and_pcie_levels() -> None:

@@ -13,7 +13,7 @@ from gpunode.nvml import mig
 from gpunode.sim.nvml import codes
 from gpunode.sim.nvml.node import SimNode, init_state_file
 from gpunode.sim.nvml.presets import PRESETS, UnknownPreset, get_preset, preset_names
-from gpunode.sim.nvml.state import ALL, INIT_FAULTS, SimNodeState, StateError
+from gpunode.sim.nvml.state import ALL, FABRIC_FAULTS, INIT_FAULTS, SimNodeState, StateError
 
 MIB = 1 << 20
 
@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--type", choices=("sbe", "dbe"), required=True, help="single- or double-bit")
     q.add_argument("--count", type=int, default=1)
     with_gpu(with_state(s.add_parser("reset", help="reset a GPU (applies a pending MIG mode)")))
+    q = with_gpu(with_state(s.add_parser("fabric", help="NVLink fabric state of a GPU (GB200 presets)")))
+    q.add_argument("fault", choices=("ok", *FABRIC_FAULTS), help="ok, or the fault to report from now on")
     q = with_state(s.add_parser("fail-init", help="make NVML init fail from now on"))
     q.add_argument("reason", choices=sorted(INIT_FAULTS))
     q = with_gpu(with_state(s.add_parser("proc", help="start or stop a simulated GPU process")))
@@ -129,6 +131,11 @@ def _run(args: argparse.Namespace) -> int:
             if ret != codes.SUCCESS:
                 raise UsageError(f"GPU {gpu} reset failed: {codes.STRINGS.get(ret, ret)}")
             msg = f"GPU {gpu} reset; MIG mode now {'enabled' if st.gpus[gpu].mig_current else 'disabled'}"
+        elif cmd == "fabric":
+            if st.spec.fabric is None:
+                raise UsageError(f"preset {st.preset} has no NVLink fabric (try gb200-nvl4)")
+            st.set_fabric_fault(gpu, None if args.fault == "ok" else args.fault)
+            msg = f"GPU {gpu} fabric: {args.fault}"
         elif cmd == "fail-init":
             st.init_fault = args.reason
             msg = f"NVML init will fail: {args.reason}"
@@ -180,10 +187,12 @@ def render(state: SimNodeState) -> str:
                 f"->{'on' if g.mig_pending else 'off'}" if g.mig_pending != g.mig_current else ""
             )
         health = "LOST" if g.lost else "ok"
+        if g.fabric_fault:
+            health += f" fabric {g.fabric_fault}"
         if g.dbe_volatile or g.sbe_volatile:
             health += f" ecc sbe={g.sbe_volatile} dbe={g.dbe_volatile}"
         lines.append(
-            f"{i:<4}{product.name:<26}{state.gpu_uuid(i):<42}{f'00000000:{preset.gpus[i].bus:02X}:00.0':<18}"
+            f"{i:<4}{product.name:<26}{state.gpu_uuid(i):<42}{preset.gpus[i].bus_id:<18}"
             f"{product.memory_mib:>7} MiB  {mode:<10} {health}"
         )
     for i, g in enumerate(state.gpus):

@@ -44,6 +44,8 @@ GI_PROFILE_INFO_V2 = 0x02000098
 GI_PROFILE_INFO_V3 = 0x03000098
 CI_PROFILE_INFO_V2 = 0x02000088
 CI_PROFILE_INFO_V3 = 0x03000088
+FABRIC_INFO_V2 = 0x02000024  # nvmlGpuFabricInfo_v2 (nvmlGpuFabricInfoV_t)
+FABRIC_INFO_V3 = 0x03000028
 MIB = 1 << 20
 
 TOPO_INTERNAL, TOPO_MULTIPLE, TOPO_NODE, TOPO_SYSTEM = 0, 20, 40, 50
@@ -420,7 +422,20 @@ class FakeNvmlLib:
                 "hp",
                 d(lambda st, k, p: self._set(p, st.product(k[1]).pcie_gen)),
             ),
-            ("nvmlDeviceGetCurrPcieLinkWidth", "hp", d(lambda st, k, p: self._set(p, 16))),
+            (
+                "nvmlDeviceGetCurrPcieLinkWidth",
+                "hp",
+                d(lambda st, k, p: self._set(p, st.product(k[1]).pcie_width)),
+            ),
+            ("nvmlDeviceGetPowerManagementLimitConstraints", "hpp", d(self._power_constraints)),
+            (
+                "nvmlDeviceGetPowerManagementDefaultLimit",
+                "hp",
+                d(lambda st, k, p: self._set(p, st.product(k[1]).tdp_w * 1000)),
+            ),
+            # NVLink fabric (GB200 and the like)
+            ("nvmlDeviceGetGpuFabricInfo", "hp", d(self._fabric_info_v1)),
+            ("nvmlDeviceGetGpuFabricInfoV", "hp", d(self._fabric_info_v)),
             ("nvmlDeviceGetEncoderUtilization", "hpp", d(self._enc_util)),
             ("nvmlDeviceGetDecoderUtilization", "hpp", d(self._dec_util)),
             ("nvmlDeviceGetEccMode", "hpp", d(self._ecc_mode)),
@@ -618,7 +633,7 @@ class FakeNvmlLib:
 
     @staticmethod
     def _bus_id(st: SimNodeState, gpu: int) -> str:
-        return f"00000000:{st.spec.gpus[gpu].bus:02X}:00.0"
+        return st.spec.gpus[gpu].bus_id
 
     def _mig_lookup(self, st: SimNodeState, key: tuple[Any, ...]) -> tuple[SimGiState, SimCiState] | None:
         gi = st.find_gi(key[1], key[2])
@@ -650,10 +665,11 @@ class FakeNvmlLib:
     def _pci_info(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
         info = _out(p)
         product = st.product(key[1])
-        bus = st.spec.gpus[key[1]].bus
-        info.busIdLegacy = f"0000:{bus:02X}:00.0".encode()
+        slot = st.spec.gpus[key[1]]
+        bus = slot.bus
+        info.busIdLegacy = f"{slot.domain:04X}:{bus:02X}:00.0".encode()
         info.busId = self._bus_id(st, key[1]).encode()
-        info.domain = 0
+        info.domain = slot.domain
         info.bus = bus
         info.device = 0
         info.pciDeviceId = product.pci_device_id
@@ -797,7 +813,7 @@ class FakeNvmlLib:
 
     def _nvlink_version(self, st: SimNodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
         got = self._link(st, key, link)
-        return got if isinstance(got, int) else self._set(p, 4 if st.product(key[1]).architecture >= 9 else 3)
+        return got if isinstance(got, int) else self._set(p, st.product(key[1]).nvlink_version)
 
     def _nvlink_remote_pci(self, st: SimNodeState, key: tuple[Any, ...], link: Any, p: Any) -> int:
         got = self._link(st, key, link)
@@ -806,9 +822,10 @@ class FakeNvmlLib:
         kind, target = got
         info = _out(p)
         bus = target if kind == "switch" else st.spec.gpus[target].bus
-        info.busIdLegacy = f"0000:{bus:02X}:00.0".encode()
-        info.busId = f"00000000:{bus:02X}:00.0".encode()
-        info.domain, info.bus, info.device = 0, bus, 0
+        domain = 0 if kind == "switch" else st.spec.gpus[target].domain
+        info.busIdLegacy = f"{domain:04X}:{bus:02X}:00.0".encode()
+        info.busId = f"{domain:08X}:{bus:02X}:00.0".encode()
+        info.domain, info.bus, info.device = domain, bus, 0
         info.pciDeviceId = 0x1AF110DE if kind == "switch" else st.product(target).pci_device_id
         info.pciSubSystemId = 0
         return codes.SUCCESS
@@ -1336,6 +1353,40 @@ class FakeNvmlLib:
         _out(util).value, _out(period).value = self._tm(st, key).dec_util, 167000
         return codes.SUCCESS
 
+    def _power_constraints(self, st: SimNodeState, key: tuple[Any, ...], lo: Any, hi: Any) -> int:
+        product = st.product(key[1])
+        _out(lo).value = (product.min_power_w or product.tdp_w) * 1000
+        _out(hi).value = product.tdp_w * 1000
+        return codes.SUCCESS
+
+    def _fabric(self, st: SimNodeState, key: tuple[Any, ...], info: Any) -> int:
+        fabric = st.fabric_info(key[1])
+        if fabric is None:
+            return codes.NOT_SUPPORTED
+        ctypes.memmove(info.clusterUuid, fabric.cluster_uuid, 16)
+        info.status = fabric.status
+        info.cliqueId = fabric.clique_id
+        info.state = fabric.state
+        return codes.SUCCESS
+
+    def _fabric_info_v1(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
+        return self._fabric(st, key, _out(p))
+
+    def _fabric_info_v(self, st: SimNodeState, key: tuple[Any, ...], p: Any) -> int:
+        info = _out(p)
+        if info.version not in (FABRIC_INFO_V2, FABRIC_INFO_V3):
+            return codes.ARGUMENT_VERSION_MISMATCH
+        if info.version == FABRIC_INFO_V3:
+            info = _FabricInfoV3.from_address(ctypes.addressof(info))
+        ret = self._fabric(st, key, info)
+        if ret == codes.SUCCESS:
+            fabric = st.fabric_info(key[1])
+            assert fabric is not None
+            info.healthMask = fabric.health_mask
+            if isinstance(info, _FabricInfoV3):
+                info.healthSummary = fabric.health_summary
+        return ret
+
     def _ecc_mode(self, st: SimNodeState, key: tuple[Any, ...], cur: Any, pend: Any) -> int:
         _out(cur).value, _out(pend).value = 1, 1
         return codes.SUCCESS
@@ -1539,6 +1590,20 @@ class FakeNvmlLib:
             else:
                 m.nvmlReturn, m.value = codes.SUCCESS, value
         return codes.SUCCESS
+
+
+class _FabricInfoV3(ctypes.Structure):
+    """nvmlGpuFabricInfo_v3_t: v2 plus the health summary byte."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint),
+        ("healthMask", ctypes.c_uint32),
+        ("healthSummary", ctypes.c_uint8),
+    ]
 
 
 class _GiProfileInfoV3(ctypes.Structure):

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpunode.nvml import mig
 from gpunode.sim.nvml import codes
-from gpunode.sim.nvml.presets import Preset, Product, get_preset
+from gpunode.sim.nvml.presets import ARCH_HOPPER, Preset, Product, get_preset
 
 STATE_FORMAT = "gpunode-sim/v1"
 ALL = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId meaning "the whole GPU"
@@ -30,6 +30,26 @@ EVENT_CLOCK = 0x10
 EVENT_MIG_CONFIG = 0x100
 
 INIT_FAULTS = {"library-not-found": codes.LIBRARY_NOT_FOUND, "driver-not-loaded": codes.DRIVER_NOT_LOADED}
+
+# NVLink fabric (nvmlGpuFabricState_t, health mask and summary as nvml.h defines them)
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
+FABRIC_HEALTH_SUMMARY = {"not-supported": 0, "healthy": 1, "unhealthy": 2, "limited-capacity": 3}
+FABRIC_DEGRADED_BW_TRUE, FABRIC_DEGRADED_BW_FALSE = 1, 2  # bits 0-1 of the health mask
+# Faults on a fabric-attached GPU: the fabric manager has not trained it yet, is training it, training
+# failed, or it is up with less bandwidth than it should have (links down).
+FABRIC_FAULTS = ("not-trained", "training", "failed", "degraded")
+
+
+@dataclass(frozen=True)
+class FabricInfo:
+    """One GPU's nvmlGpuFabricInfo: state, status (an NVML return code), cluster UUID bytes, clique."""
+
+    state: int
+    status: int
+    cluster_uuid: bytes
+    clique_id: int
+    health_mask: int
+    health_summary: int
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,6 +106,7 @@ class SimGpuState:
     remap_failure: bool = False
     pcie_replay: int = 0
     processes: list[ProcessState] = field(default_factory=list)
+    fabric_fault: str | None = None  # one of FABRIC_FAULTS
 
 
 @dataclass
@@ -157,6 +178,9 @@ class SimNodeState:
                 raise StateError(
                     f"{source}: {len(gpus)} GPUs recorded but preset {preset.name} has {len(preset.gpus)}"
                 )
+            for g in gpus:
+                if g.fabric_fault is not None and g.fabric_fault not in FABRIC_FAULTS:
+                    raise StateError(f"{source}: unknown fabric fault {g.fabric_fault!r}")
             fault = data.get("init_fault")
             if fault is not None and fault not in INIT_FAULTS:
                 raise StateError(f"{source}: unknown init fault {fault!r}")
@@ -413,6 +437,44 @@ class SimNodeState:
             return []
         return [(gi, ci) for gi in self.gpus[gpu].gis for ci in gi.cis]
 
+    # -- NVLink fabric ---------------------------------------------------------------------------------
+    def fabric_info(self, gpu: int) -> FabricInfo | None:
+        """None: the GPU predates fabric reporting (NVML answers NOT_SUPPORTED); Hopper and later without
+        a multi-node fabric report the state NOT_SUPPORTED."""
+        product, fabric = self.product(gpu), self.spec.fabric
+        if product.architecture < ARCH_HOPPER:
+            return None
+        if fabric is None:
+            return FabricInfo(FABRIC_NOT_SUPPORTED, codes.SUCCESS, bytes(16), 0, 0, 0)
+        cluster = uuidlib.UUID(fabric.cluster_uuid).bytes
+        fault = self.gpus[gpu].fabric_fault
+        if fault == "not-trained":
+            return FabricInfo(FABRIC_NOT_STARTED, codes.SUCCESS, bytes(16), 0, 0, 0)
+        if fault == "training":
+            return FabricInfo(FABRIC_IN_PROGRESS, codes.SUCCESS, bytes(16), 0, 0, 0)
+        if fault == "failed":
+            return FabricInfo(
+                FABRIC_COMPLETED, codes.UNKNOWN, bytes(16), 0, 0, FABRIC_HEALTH_SUMMARY["unhealthy"]
+            )
+        if fault == "degraded":
+            return FabricInfo(
+                FABRIC_COMPLETED,
+                codes.SUCCESS,
+                cluster,
+                fabric.clique_id,
+                FABRIC_DEGRADED_BW_TRUE,
+                FABRIC_HEALTH_SUMMARY["limited-capacity"],
+            )
+        healthy = FABRIC_HEALTH_SUMMARY["healthy"]
+        return FabricInfo(
+            FABRIC_COMPLETED, codes.SUCCESS, cluster, fabric.clique_id, FABRIC_DEGRADED_BW_FALSE, healthy
+        )
+
+    def set_fabric_fault(self, gpu: int, fault: str | None) -> None:
+        if fault is not None and fault not in FABRIC_FAULTS:
+            raise StateError(f"unknown fabric fault {fault!r}; choose one of: {', '.join(FABRIC_FAULTS)}")
+        self.gpus[gpu].fabric_fault = fault
+
     # -- faults ----------------------------------------------------------------------------------------
     def inject_xid(self, gpu: int, xid: int, gi: int = ALL, ci: int = ALL, now: float = 0.0) -> Event:
         return self.emit(gpu, EVENT_XID, xid, gi, ci, now)
@@ -450,6 +512,7 @@ class SimNodeState:
             st.retired_pending = False
             st.remap_pending = False
             st.remap_failure = False
+            st.fabric_fault = None
         if gpu is None:
             self.init_fault = None
 
