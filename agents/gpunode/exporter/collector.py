@@ -103,6 +103,7 @@ class ExporterCollector:
                 "inforom_ecc": info.inforom_ecc,
                 "inforom_power": info.inforom_power,
                 "inforom_image": info.inforom_image,
+                "fabric_cluster_uuid": gpu.telemetry.fabric_cluster_uuid if gpu.telemetry else None,
             }.get(counter.spec.source or "")
             if value is not None:
                 labels[counter.spec.name] = value

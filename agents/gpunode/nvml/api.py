@@ -191,6 +191,8 @@ class FabricInfo:
     clique_id: int
     degraded_bandwidth: bool | None = None  # health mask bits 0-1; None: not reported
     health: str | None = None  # FABRIC_HEALTH (fabric info v3); None: not reported
+    health_mask: int = 0  # the raw NVML_GPU_FABRIC_HEALTH_MASK_* word
+    health_summary: int | None = None  # the raw NVML_GPU_FABRIC_HEALTH_SUMMARY_* value (v3)
 
     @property
     def attached(self) -> bool:
@@ -201,6 +203,14 @@ class FabricInfo:
     def clique(self) -> str | None:
         """``<clusterUUID>.<cliqueId>`` (NVIDIA's ``nvidia.com/gpu.clique`` value) when attached."""
         return f"{self.cluster_uuid}.{self.clique_id}" if self.attached else None
+
+    @property
+    def dcgm_status(self) -> int:
+        """DCGM's dcgmFabricManagerStatus_t for DCGM_FI_DEV_FABRIC_MANAGER_STATUS: 0 not supported,
+        1 not started, 2 in progress, 3 success, 4 failure (trained with an error status)."""
+        if self.state == "completed":
+            return 3 if self.status == 0 else 4
+        return {"not-supported": 0, "not-started": 1, "in-progress": 2}.get(self.state, 5)
 
 
 class TopoLevel(enum.IntEnum):
@@ -319,6 +329,13 @@ class Telemetry:
     violation_low_util_ns: int | None = None
     violation_reliability_ns: int | None = None
     vgpu_license_status: int | None = None  # vGPU guests: 1 licensed, 0 not; None elsewhere
+    # NVLink fabric (GB200 and the like; None on GPUs that are not on one): see FabricInfo
+    fabric_status: int | None = None  # FabricInfo.dcgm_status
+    fabric_error: int | None = None  # the NVML status of the fabric registration, once trained
+    fabric_clique_id: int | None = None
+    fabric_cluster_uuid: str | None = None
+    fabric_health_mask: int | None = None
+    fabric_health_summary: int | None = None
     processes: tuple[tuple[int, int], ...] = field(default=())  # (pid, used MiB)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import threading
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -767,7 +768,26 @@ class RealNvml:
             clique_id=int(info.cliqueId),
             degraded_bandwidth={1: True, 2: False}.get(degraded),
             health=FABRIC_HEALTH.get(int(info.healthSummary)) if info is v3 else None,
+            health_mask=int(info.healthMask),
+            health_summary=int(info.healthSummary) if info is v3 else None,
         )
+
+    def _fabric_telemetry(self, index: int) -> dict[str, Any]:
+        """The Telemetry fabric fields; all None for a GPU that is not on an NVLink fabric."""
+        if (index, "fabric") in self._unsupported:
+            return {}
+        info = self._fabric_info(index)
+        if info is None or info.state == "not-supported":
+            self._unsupported.add((index, "fabric"))
+            return {}
+        return {
+            "fabric_status": info.dcgm_status,
+            "fabric_error": info.status if info.state == "completed" else None,
+            "fabric_clique_id": info.clique_id if info.attached else None,
+            "fabric_cluster_uuid": info.cluster_uuid,
+            "fabric_health_mask": info.health_mask,
+            "fabric_health_summary": info.health_summary,
+        }
 
     # -- telemetry -----------------------------------------------------------------------------------------
     async def telemetry(self, index: int) -> Telemetry:
@@ -801,7 +821,7 @@ class RealNvml:
         def ecc(kind: int, counter: int) -> int | None:
             return o(pynvml.nvmlDeviceGetTotalEccErrors, h, kind, counter)
 
-        return Telemetry(
+        sample = Telemetry(
             gpu_index=index,
             gpu_util=util.gpu if util is not None else None,
             mem_copy_util=util.memory if util is not None else None,
@@ -835,8 +855,10 @@ class RealNvml:
             pstate=o(pynvml.nvmlDeviceGetPerformanceState, h),
             processes=tuple((int(p.pid), int(p.usedGpuMemory or 0) // MIB) for p in procs),
         )
+        fabric = self._fabric_telemetry(index)
+        return dataclasses.replace(sample, **fabric) if fabric else sample
 
-    def _field_values(self, index: int, h: Handle) -> dict[str, int | None]:
+    def _field_values(self, index: int, h: Handle) -> dict[str, Any]:
         """The FIELDS in one call; a field the GPU does not supply is None."""
         out: dict[str, int | None] = dict.fromkeys((name for name, _ in FIELDS), None)
         if (index, "fields") in self._unsupported:

@@ -1,8 +1,9 @@
 """GFD label sets through the real path, compared with golden files in tests/golden/feature_discovery/.
 
 Path: ``sim.install(preset)`` -> ``RealNvml.open()`` (pynvml over the simulated library) -> MIG layout made
-with the NVML calls the MIG manager uses -> ``gather_facts`` over a fake sysfs under ``tmp_path`` (PCI class
-``0x030200`` for every GPU bus id, machine file ``DGX A100``) -> ``compute_labels(..., timestamp=None)``.
+with the NVML calls the MIG manager uses -> ``gather_facts`` over the simulated node's host tree under
+``tmp_path`` (``gpunode.sim.hosttree``: PCI class ``0x030200`` for every GPU; machine file ``DGX A100``)
+-> ``compute_labels(..., timestamp=None)``.
 Sharing comes from a ``version: v1`` config file read by the device plugin's own loader.
 
 The golden files hold one ``key=value`` per line, sorted; they are compared as sets. They were generated
@@ -38,6 +39,7 @@ from gpunode.feature_discovery.facts import (
 )
 from gpunode.feature_discovery.labels import compute_labels
 from gpunode.nvml.real import RealNvml
+from gpunode.sim import hosttree
 from gpunode.sim import nvml as sim
 
 GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden" / "feature_discovery"
@@ -83,6 +85,20 @@ CASES = {
     "dgx-h100-none": Case("dgx-h100"),
     "t4x4-none": Case("t4x4"),
     "mixed-none": Case("mixed"),
+    # issue 19: Ada, Ampere PCIe, H100 NVL and Blackwell (gb200-nvl4 carries gpu.clique)
+    "dgx-b200-none": Case("dgx-b200"),
+    "dgx-b200-single-all-1g.23gb": Case("dgx-b200", "single", ("1g.23gb",) * 7),
+    "dgx-b200-mixed-all-balanced": Case("dgx-b200", "mixed", ("3g.90gb", "2g.45gb", "1g.23gb", "1g.23gb")),
+    "gb200-nvl4-none": Case("gb200-nvl4"),
+    "gb200-nvl4-mixed-all-balanced": Case(
+        "gb200-nvl4", "mixed", ("3g.93gb", "2g.47gb", "1g.23gb", "1g.23gb")
+    ),
+    "h100-nvl-none": Case("h100-nvl"),
+    "l4x8-none": Case("l4x8"),
+    "l40sx4-none": Case("l40sx4"),
+    "a10x4-none": Case("a10x4"),
+    "a2x2-none": Case("a2x2"),
+    "mixed-ada-ampere-none": Case("mixed-ada-ampere"),
 }
 
 # shared/reference/feature-discovery.md §3.4, block B (minus timestamp and machine) and cases (a)-(d)
@@ -252,7 +268,8 @@ async def labels_for(case: Case, tmp_path: Path) -> dict[str, str]:
     try:
         if case.layout:
             await apply_layout(nvml, lib, case.layout)
-        host = fake_sysfs(tmp_path / "host", [g.pci.bus_id for g in await nvml.gpus()])
+        hosttree.build(tmp_path / "host", lib.node.state)  # the simulated node's own /sys
+        host = HostPaths(root=tmp_path / "host")
         machine = tmp_path / "product_name"
         machine.write_text("DGX A100\n", encoding="utf-8")
         facts = await gather_facts(nvml, host, machine)
