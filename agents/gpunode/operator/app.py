@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpunode.common.logging import get_logger
+from gpunode.operator.cache import ObjectCache
 from gpunode.operator.controller import (
     KEY,
     ClusterPolicyController,
@@ -111,6 +112,7 @@ async def run_operator(
             namespace=namespace,
             may_write=may_write,
             nodes=lambda: [n.labels for n in labeller.nodes.values()] if labeller.synced.is_set() else None,
+            cache=ObjectCache(client, namespace=namespace),
         )
 
         def reconciled(result: ReconcileResult) -> None:

@@ -6,10 +6,17 @@ other one gets ``status.state: ignored``, persisted, naming the active one. The 
 last good objects left running), rendered by ``gpunode render``'s code (injected: rendering sits above
 the agents layer), and applied state by state in NVIDIA's order with server-side apply (field manager
 ``gpunode-operator``), each object with a controller ownerReference to the policy and a content hash:
-an object whose hash is unchanged is not written. The objects of disabled components (rendered with
-every component on, but not now) are deleted. Then each state's DaemonSets are judged by NVIDIA's
-readiness rules and the status is written only when it changed. The result says when to requeue:
-5 s while a state is not ready, 45 s while no node carries NFD labels, otherwise on events only.
+an object is written only when it is missing, its hash changed, or someone changed what the operator
+manages in it (:func:`~gpunode.operator.selection.needs_write`: a hand-edited image or env value, a
+removed label): drift is put right on the next pass, and watch events on the owned objects
+(:class:`~gpunode.operator.cache.ObjectCache`) queue that pass at once. Objects the policy no longer
+renders are deleted: those of disabled components (rendered with every component on, but not now) and
+any other object the policy controls (a RuntimeClass it named before), but only objects carrying a
+controller ownerReference to a ClusterPolicy: never a user's. A RuntimeClass that exists without one
+(the user's own, or the toolkit's) is left as it is, not taken over. Then each state's DaemonSets are
+judged by NVIDIA's readiness rules and the status is written only when it changed. The result says
+when to requeue: 5 s while a state is not ready, 45 s while no node carries NFD labels, otherwise on
+events only.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any, Protocol
 
 from gpunode.common.errors import ConfigError
 from gpunode.common.logging import get_logger
-from gpunode.kube.api import KubeError, KubeUnavailable
+from gpunode.kube.api import KubeError, KubeNotFound, KubeUnavailable
 from gpunode.kube.cluster import (
     CLUSTER_POLICY,
     DAEMON_SET,
@@ -32,6 +39,7 @@ from gpunode.kube.cluster import (
     ResourceKind,
     resource_kind,
 )
+from gpunode.operator.cache import OWNED_SELECTOR, ObjectCache
 from gpunode.operator.labels import LabelPolicy, has_nfd_labels, is_gpu_node
 from gpunode.operator.queue import WorkQueue
 from gpunode.operator.readiness import (
@@ -41,7 +49,15 @@ from gpunode.operator.readiness import (
     newest_revision_hash,
     pod_view,
 )
-from gpunode.operator.selection import active_policy, content_hash, needs_write, policy_ref, with_hash
+from gpunode.operator.selection import (
+    HASH_ANNOTATION,
+    active_policy,
+    content_hash,
+    needs_write,
+    policy_ref,
+    view_hash,
+    with_hash,
+)
 from gpunode.operator.states import ObjectKey, StateObjects, assign_states, key_of, stale_keys
 from gpunode.operator.status import StateStatus, cluster_status, ignored_status, state_status
 
@@ -69,6 +85,9 @@ KEY = "cluster-policy"  # the one work key: every event funnels into one cluster
 NOT_OWNED_KINDS = frozenset({"Namespace", "CustomResourceDefinition"})
 # Every component switch of the spec, for rendering "everything on" (what the operator may own).
 COMPONENTS = ("driver", "toolkit", "device_plugin", "gfd", "dcgm_exporter", "mig_manager", "nfd")
+# Named by the policy (spec.operator.runtimeClass), so "everything on" does not render an old name:
+# always looked at for strays the policy controls.
+RUNTIME_CLASS = resource_kind("node.k8s.io/v1", "RuntimeClass")
 
 
 class ControllerApi(Protocol):
@@ -189,6 +208,20 @@ def _owner(policy_obj: Mapping[str, Any]) -> Obj:
     }
 
 
+def controlled_by_a_policy(obj: Mapping[str, Any], uid: str | None = None) -> bool:
+    """Whether ``obj`` has a controller ownerReference to a ClusterPolicy (with ``uid``: that one)."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if (
+            isinstance(ref, Mapping)
+            and ref.get("kind") == CLUSTER_POLICY.kind
+            and str(ref.get("apiVersion", "")).startswith(CLUSTER_POLICY.group + "/")
+            and ref.get("controller") is True
+            and (uid is None or ref.get("uid") == uid)
+        ):
+            return True
+    return False
+
+
 def _owned(obj: Mapping[str, Any], owner: Obj) -> Obj:
     if obj.get("kind") in NOT_OWNED_KINDS:
         return dict(obj)
@@ -208,6 +241,7 @@ class ClusterPolicyController:
         now: Callable[[], str] = _utc_now,
         may_write: Callable[[], bool] = lambda: True,
         nodes: Callable[[], Iterable[Mapping[str, str]] | None] = lambda: None,
+        cache: ObjectCache | None = None,
     ) -> None:
         self.kube = kube
         self.render = render
@@ -217,8 +251,11 @@ class ClusterPolicyController:
         self.may_write = may_write  # leader election: False stops every write
         self.nodes = nodes  # node labels from the labeller's cache (None: list the nodes)
         self.label_policy: LabelPolicy | None = None  # what node labelling should follow
-        self._applied: dict[ObjectKey, str] = {}  # object -> hash of what we applied (or found applied)
-        self._absent: set[ObjectKey] = set()  # stale objects known to be gone
+        self.cache = cache  # the owned objects, watched (None: read from the API server each pass)
+        # object -> (content hash, view hash of the live object after our write or as found right)
+        self._baseline: dict[ObjectKey, tuple[str, str]] = {}
+        self._kinds: set[ResourceKind] = {RUNTIME_CLASS}  # every kind rendered (or applied) so far
+        self._kept: set[ObjectKey] = set()  # not ours: left alone (logged once)
         self.log = get_logger("gpunode.operator.controller")
 
     async def reconcile(self) -> ReconcileResult:
@@ -244,11 +281,22 @@ class ClusterPolicyController:
         desired = assign_states(self.render(policy, self.namespace))
         possible = assign_states(self.render(everything_on(policy), self.namespace))
         owner = _owner(obj)
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        wanted = {key_of(o) for s in desired for o in s.objects}
+        self._kinds.update(
+            resource_kind(k.api_version, k.kind)
+            for k in (*wanted, *(key_of(o) for s in possible for o in s.objects))
+            if k.kind not in NOT_OWNED_KINDS
+        )
+        if self.cache is not None:
+            self.cache.watch(sorted(self._kinds, key=lambda k: k.plural))
         try:
             for state in desired:
                 for rendered in state.objects:
                     await self._apply(_owned(rendered, owner), result)
-            for key in stale_keys(possible, desired):
+            stale = stale_keys(possible, desired)
+            stale += [k for k in await self._controlled(uid) if k not in wanted and k not in stale]
+            for key in stale:
                 await self._delete(key, result)
             statuses = [await self._state_status(s) for s in desired]
         except KubeUnavailable:
@@ -293,31 +341,78 @@ class ClusterPolicyController:
         if not self.may_write():
             raise KubeError("write", "", "not the leader (any more): nothing written", reason="NotLeader")
 
+    async def _live(self, key: ObjectKey) -> Obj | None:
+        """The object as it is now: from the cache once its kind is synced, else read."""
+        kind = resource_kind(key.api_version, key.kind)
+        if self.cache is not None and self.cache.synced(kind):
+            return self.cache.get(key)
+        return await self.kube.get_object(kind, key.name, key.namespace or None)
+
+    async def _controlled(self, uid: str) -> list[ObjectKey]:
+        """Every labelled object of the kinds the operator renders that the policy ``uid`` controls."""
+        found: list[ObjectKey] = []
+        for kind in sorted(self._kinds, key=lambda k: k.plural):
+            if self.cache is not None and self.cache.synced(kind):
+                objs = self.cache.of_kind(kind)
+            else:
+                try:
+                    objs, _ = await self.kube.list_objects(
+                        kind, namespace=self.namespace if kind.namespaced else None, labels=OWNED_SELECTOR
+                    )
+                except KubeNotFound:  # the kind is not served (a CRD not installed)
+                    continue
+            found += sorted(key_of(o) for o in objs if controlled_by_a_policy(o, uid))
+        return found
+
+    def _keep(self, key: ObjectKey, why: str) -> None:
+        if key not in self._kept:
+            self._kept.add(key)
+            self.log.info("object_left_alone", object=str(key), reason=why)
+
     async def _apply(self, obj: Obj, result: ReconcileResult) -> None:
         key = key_of(obj)
         digest = content_hash(obj)
-        self._absent.discard(key)
-        if self._applied.get(key) == digest:
+        live = await self._live(key)
+        if key.kind == RUNTIME_CLASS.kind and live is not None and not controlled_by_a_policy(live):
+            # someone else's RuntimeClass of that name (the toolkit's, a user's): it serves the pods
+            # that name it as it is; taking it over would delete it with the policy
+            self._keep(key, "a RuntimeClass of that name exists without a ClusterPolicy owning it")
             return
-        live = await self.kube.get_object(
-            resource_kind(key.api_version, key.kind), key.name, key.namespace or None
-        )
-        if needs_write(obj, live):
-            self._check_leader()
-            await self.kube.apply(with_hash(obj), force=True)
-            result.applied.append(str(key))
-        self._applied[key] = digest
+        base = self._baseline.get(key)
+        baseline = base[1] if base is not None and base[0] == digest else None
+        applied = with_hash(obj)
+        if not needs_write(obj, live, baseline):
+            if baseline is None and live is not None:
+                self._baseline[key] = (digest, view_hash(applied, live))
+            return
+        self._check_leader()
+        stored = await self.kube.apply(applied, force=True)
+        result.applied.append(str(key))
+        if (
+            live is not None
+            and ((live.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION) == digest
+        ):  # the same desired object: someone changed it
+            self.log.info("drift_corrected", object=str(key))
+        self._baseline[key] = (digest, view_hash(applied, stored))
+        if key.kind not in NOT_OWNED_KINDS:
+            self._kinds.add(resource_kind(key.api_version, key.kind))
+        if self.cache is not None:
+            self.cache.store(stored)
 
     async def _delete(self, key: ObjectKey, result: ReconcileResult) -> None:
-        if key in self._absent:
-            return
         kind = resource_kind(key.api_version, key.kind)
-        if await self.kube.get_object(kind, key.name, key.namespace or None) is not None:
-            self._check_leader()
-            if await self.kube.delete_object(kind, key.name, key.namespace or None):
-                result.deleted.append(str(key))
-        self._applied.pop(key, None)
-        self._absent.add(key)
+        live = await self._live(key)
+        self._baseline.pop(key, None)
+        if live is None:
+            return
+        if not controlled_by_a_policy(live):
+            self._keep(key, "no longer rendered, but no ClusterPolicy owns it: not deleted")
+            return
+        self._check_leader()
+        if await self.kube.delete_object(kind, key.name, key.namespace or None):
+            result.deleted.append(str(key))
+        if self.cache is not None:
+            self.cache.forget(key)
 
     async def _state_status(self, state: StateObjects) -> StateStatus:
         if not state.enabled:
@@ -329,7 +424,7 @@ class ClusterPolicyController:
             key = key_of(obj)
             found = await self.kube.daemonset_rollout(key.name, key.namespace or None)
             if found is None:  # deleted behind our back: applied again next pass
-                self._applied.pop(key, None)
+                self._baseline.pop(key, None)
                 verdicts[key.name] = Readiness(False, 0, 0, 0, (), "DaemonSet missing")
                 continue
             ds, pods, revisions = found
@@ -377,10 +472,14 @@ async def run_controller(
     queue: WorkQueue[str] | None = None,
     on_result: Callable[[ReconcileResult], None] = lambda r: None,
 ) -> None:
-    """Reconcile on every ClusterPolicy or owned-DaemonSet event, and when a pass asks to be requeued;
-    failures retried with backoff (0.1-3 s). Runs until cancelled."""
+    """Reconcile on every ClusterPolicy event, every event of an owned object (the controller's cache;
+    without one: of the DaemonSets in its namespace), and when a pass asks to be requeued; failures
+    retried with backoff (0.1-3 s). Runs until cancelled."""
     work: WorkQueue[str] = queue or WorkQueue()
     log = controller.log
+
+    if controller.cache is not None:
+        controller.cache.on_change = lambda: work.add(KEY)
 
     async def watch(kind: ResourceKind, namespace: str | None) -> None:
         delay = 0.1
@@ -412,5 +511,8 @@ async def run_controller(
     work.add(KEY)
     async with asyncio.TaskGroup() as group:
         group.create_task(watch(CLUSTER_POLICY, None), name="watch-clusterpolicies")
-        group.create_task(watch(DAEMON_SET, controller.namespace), name="watch-daemonsets")
+        if controller.cache is None:
+            group.create_task(watch(DAEMON_SET, controller.namespace), name="watch-daemonsets")
+        else:  # every owned object, DaemonSets included: hand edits and deletions queue a pass
+            group.create_task(controller.cache.run(), name="owned-objects")
         group.create_task(worker(), name="clusterpolicy-reconciler")

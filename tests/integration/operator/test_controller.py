@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +17,17 @@ import pytest
 
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.render import render_by_agent
-from gpunode.kube.api import KubeForbidden, KubeUnavailable
+from gpunode.kube.api import KubeConflict, KubeForbidden, KubeUnavailable
 from gpunode.kube.client import Kube
-from gpunode.kube.cluster import CLUSTER_POLICY, DAEMON_SET
-from gpunode.operator.controller import ClusterPolicyController, ReconcileResult
+from gpunode.kube.cluster import CLUSTER_POLICY, DAEMON_SET, resource_kind
+from gpunode.operator.cache import ObjectCache
+from gpunode.operator.controller import ClusterPolicyController, ReconcileResult, run_controller
 from gpunode.operator.labeller import NodeLabeller
+from gpunode.operator.queue import WorkQueue
 from gpunode.operator.selection import HASH_ANNOTATION
+from gpunode.operator.states import key_of
 from gpunode.sim.apiserver import FakeApiServer
+from helpers.waiting import until
 
 NS = "gpunode"
 NFD = {"feature.node.kubernetes.io/pci-10de.present": "true"}
@@ -279,3 +284,188 @@ async def test_deleting_the_policy_takes_its_objects_but_not_the_namespace(tmp_p
         assert c.api.get("Namespace", NS) is not None  # it holds the operator itself
         result = await c.controller.reconcile()
         assert (result.active, result.writes) == (None, 0)
+
+
+def _pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(obj["spec"]["template"]["spec"])
+
+
+async def test_hand_edits_and_deletions_are_put_right_and_only_they_are_written(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        await c.until_ready()
+        assert (await c.controller.reconcile()).writes == 0
+        plugin = c.api.get("DaemonSet", "gpunode-device-plugin", NS)
+        assert plugin is not None
+        wanted = _pod_spec(plugin)["containers"]
+        containers = json.loads(json.dumps(wanted))
+        containers[0]["image"] = "example.com/evil:1"
+        containers[0]["env"] = [*containers[0].get("env", []), {"name": "EXTRA", "value": "1"}]
+        containers[0]["env"][0] = {**containers[0]["env"][0], "value": "hand-edited"}
+        # as `kubectl edit` does: an update by another field manager, the hash annotation left alone
+        c.api.patch(
+            "DaemonSet",
+            "gpunode-device-plugin",
+            {"spec": {"template": {"spec": {"containers": containers}}}},
+            NS,
+            manager="kubectl-edit",
+        )
+        c.api.patch(
+            "ServiceAccount",
+            "gpunode-toolkit",
+            {"metadata": {"labels": {"app.kubernetes.io/name": None}}},
+            NS,
+            manager="kubectl-label",
+        )
+        c.api.delete("ConfigMap", "gpunode-nfd-worker-conf", NS)
+        result = await c.controller.reconcile()
+        assert sorted(result.applied) == [
+            f"ConfigMap {NS}/gpunode-nfd-worker-conf",
+            f"DaemonSet {NS}/gpunode-device-plugin",
+            f"ServiceAccount {NS}/gpunode-toolkit",
+        ]
+        assert result.deleted == []
+        fixed = c.api.get("DaemonSet", "gpunode-device-plugin", NS)
+        assert fixed is not None
+        got = _pod_spec(fixed)["containers"][0]
+        assert got["image"] == wanted[0]["image"]
+        assert got["env"][0] == wanted[0]["env"][0]
+        # (an entry added beside the operator's is left to server-side apply: a real API server keeps it
+        # as the other manager's, the test API server's atomic lists drop it; no further write either way)
+        sa = c.api.get("ServiceAccount", "gpunode-toolkit", NS)
+        assert sa is not None
+        assert sa["metadata"]["labels"]["app.kubernetes.io/name"] == "gpunode-toolkit"
+        assert c.api.get("ConfigMap", "gpunode-nfd-worker-conf", NS) is not None
+        assert (await c.controller.reconcile()).writes == 0  # put right once, then nothing
+
+        # an edit made while no operator ran: a restarted one finds it without any memory
+        c.api.patch(
+            "DaemonSet",
+            "gpunode-toolkit",
+            {"metadata": {"labels": {"app.kubernetes.io/part-of": "mine"}}},
+            NS,
+            manager="kubectl-label",
+        )
+        fresh = ClusterPolicyController(c.kube, render, namespace=NS)
+        assert (await fresh.reconcile()).applied == [f"DaemonSet {NS}/gpunode-toolkit"]
+        toolkit = c.api.get("DaemonSet", "gpunode-toolkit", NS)
+        assert toolkit is not None
+        assert toolkit["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpunode"
+        assert (await fresh.reconcile()).writes == 0
+
+
+async def test_the_running_loop_puts_drift_right_on_the_watch_event(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        cache = ObjectCache(c.kube, namespace=NS)
+        controller = ClusterPolicyController(
+            c.kube,
+            render,
+            namespace=NS,
+            nodes=lambda: [n.labels for n in c.labeller.nodes.values()],
+            cache=cache,
+        )
+        results: list[ReconcileResult] = []
+        work: WorkQueue[str] = WorkQueue()
+        task = asyncio.create_task(run_controller(controller, queue=work, on_result=results.append))
+
+        def quiet() -> bool:  # ready, nothing queued (events only), the last pass wrote nothing
+            return (
+                bool(results) and results[-1].state == "ready" and results[-1].writes == 0 and not len(work)
+            )
+
+        try:
+            await until(quiet, 30)
+            await until(
+                lambda: all(cache.synced(resource_kind(k.api_version, k.kind)) for k in cache.objects)
+            )
+            assert cache.get(key_of(policy("cluster-policy"))) is None  # owned objects only
+            passes = len(results)
+            assert results[-1].requeue_after is None  # nothing but an event brings the next pass
+            c.api.patch(
+                "DaemonSet",
+                "gpunode-exporter",
+                {"metadata": {"labels": {"app.kubernetes.io/name": None}}},
+                NS,
+                manager="kubectl-label",
+            )
+            c.api.delete("Service", "gpunode-exporter", NS)
+
+            def fixed() -> bool:
+                ds = c.api.get("DaemonSet", "gpunode-exporter", NS) or {"metadata": {}}
+                labels = ds["metadata"].get("labels") or {}
+                return (
+                    "app.kubernetes.io/name" in labels
+                    and c.api.get("Service", "gpunode-exporter", NS) is not None
+                )
+
+            await until(lambda: fixed() and len(results) > passes and quiet(), 10)
+            written = [k for r in results[passes:] for k in r.applied]
+            assert sorted(written) == [f"DaemonSet {NS}/gpunode-exporter", f"Service {NS}/gpunode-exporter"]
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def runtime_class(name: str, **labels: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": meta, "handler": name}
+
+
+async def test_a_runtime_class_no_longer_named_is_deleted_but_never_a_users(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        c.api.create("RuntimeClass", runtime_class("user-rc"))
+        c.api.create("RuntimeClass", runtime_class("kata", **{"app.kubernetes.io/part-of": "gpunode"}))
+        await c.kube.apply(
+            policy("cluster-policy", {"operator": {"runtimeClass": "nvidia"}}), field_manager="user"
+        )
+        await c.until_ready()
+        ours = c.api.get("RuntimeClass", "nvidia")
+        assert ours is not None
+        assert ours["metadata"]["ownerReferences"][0]["kind"] == "ClusterPolicy"
+
+        await c.kube.apply(
+            policy("cluster-policy", {"operator": {"runtimeClass": "nvidia-cdi"}}), field_manager="user"
+        )
+        result = await c.controller.reconcile()
+        assert result.deleted == ["RuntimeClass nvidia"]
+        assert "RuntimeClass nvidia-cdi" in result.applied
+        assert c.api.get("RuntimeClass", "nvidia") is None
+
+        # a restarted operator (no memory of the old name) finds its strays by ownership
+        await c.kube.apply(policy("cluster-policy"), field_manager="user")
+        fresh = ClusterPolicyController(c.kube, render, namespace=NS)
+        result = await fresh.reconcile()
+        assert result.deleted == ["RuntimeClass nvidia-cdi"]
+        assert sorted(o["metadata"]["name"] for o in c.api.objects("RuntimeClass")) == ["kata", "user-rc"]
+        assert (await fresh.reconcile()).writes == 0
+
+
+async def test_a_users_runtime_class_of_the_named_name_is_neither_taken_over_nor_deleted(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as c:
+        c.api.create("RuntimeClass", runtime_class("nvidia"))
+        await c.kube.apply(
+            policy("cluster-policy", {"operator": {"runtimeClass": "nvidia"}}), field_manager="user"
+        )
+        result = await c.until_ready()
+        before = c.api.get("RuntimeClass", "nvidia")
+        assert before is not None
+        assert "ownerReferences" not in before["metadata"]
+        await c.kube.apply(policy("cluster-policy"), field_manager="user")
+        result = await c.controller.reconcile()
+        assert not [k for k in (*result.applied, *result.deleted) if "RuntimeClass" in k]
+        assert c.api.get("RuntimeClass", "nvidia") == before
+
+
+async def test_a_409_fails_the_pass_and_the_next_one_converges(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        c.api.fail_next(1, status=409, method="PATCH", path_contains="daemonsets")
+        with pytest.raises(KubeConflict):
+            await c.controller.reconcile()
+        await c.until_ready()
+        error = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Error")
+        assert error["status"] == "False"
+        assert len(gpunode_daemonsets(c.api)) == 6
