@@ -280,7 +280,10 @@ class Demo:
 
     async def doctor(self, s: str, exporter_port: int) -> None:
         section("8. gpunode doctor (after gpunode-toolkit sets up CDI and containerd in the host tree)")
-        await self.cmd("gpunode-toolkit", "cdi", "generate", "--sim-state", s, "--output", str(self.cdi_spec))
+        await self.cmd(
+            "gpunode-toolkit", "cdi", "generate", "--sim-state", s, "--output", str(self.cdi_spec),
+            "--host-root", str(self.host), "--allow-missing-libraries",  # the hook goes into the host tree
+        )  # fmt: skip
         containerd = self.host / "etc/containerd"
         containerd.mkdir(parents=True)
         (containerd / "config.toml").write_text("# the demo's containerd config\nversion = 2\n")

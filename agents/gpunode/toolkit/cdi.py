@@ -35,19 +35,22 @@ below what its fields need.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
 import re
 import stat
+import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gpunode.common.hostpaths import DRIVER_LIB_SUBDIRS, HostPaths
+from gpunode.common.hostpaths import HostPaths
 from gpunode.nvml.api import GpuInfo, MigDevice
 from gpunode.nvml.caps import mig_cap_keys, read_mig_minors
+from gpunode.toolkit.hook import DEFAULT_HOOK_PATH
 
 __all__ = [
     "BINARIES",
@@ -56,6 +59,10 @@ __all__ = [
     "DEFAULT_HOOK_PATH",
     "DEFAULT_KIND",
     "DEFAULT_OUTPUT",
+    "HOOK_COMMANDS",
+    "LIBRARY_SUBDIRS",
+    "MANAGEMENT_KIND",
+    "MODES",
     "MOUNT_OPTIONS",
     "NAME_STRATEGIES",
     "UTILITY_LIBRARIES",
@@ -68,15 +75,21 @@ __all__ = [
     "Mount",
     "Spec",
     "SpecOptions",
+    "build_management_spec",
     "build_spec",
     "common_edits",
     "device_names",
     "discover_driver",
+    "discover_nodes",
+    "elf_soname",
     "format_for",
+    "hooks_enabled",
     "load_spec",
     "make_kind",
     "minimum_version",
+    "no_libraries_message",
     "parse_device_file_minor",
+    "parse_disabled_hooks",
     "parse_name_strategies",
     "read_mig_cap_minors",
     "render",
@@ -85,12 +98,39 @@ __all__ = [
 ]
 
 DEFAULT_KIND = "nvidia.com/gpu"
+MANAGEMENT_KIND = "management.nvidia.com/gpu"
 DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
-DEFAULT_HOOK_PATH = "/usr/bin/nvidia-cdi-hook"
 BASE_VERSION = "0.3.0"
 
+#: ``--mode``: ``nvml`` (``auto`` is the same) names every GPU and MIG device NVML reports;
+#: ``management`` names only ``all``: every /dev/nvidia* node found (monitoring containers).
+MODES = ("nvml", "auto", "management")
 NAME_STRATEGIES = ("index", "uuid", "type-index")
-MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+#: The hooks a spec may run, in the order they run (``--disable-hook`` takes these names or ``all``).
+HOOK_COMMANDS = (
+    "create-symlinks",
+    "enable-cuda-compat",
+    "update-ldcache",
+    "disable-device-node-modification",
+)
+#: NVIDIA's other hook names: accepted by ``--disable-hook`` (gpunode's specs never run them).
+_OTHER_NVIDIA_HOOKS = ("chmod", "update-application-profile")
+
+#: Library directories searched under the driver root, most specific first: every layout a driver
+#: ships in (Debian/Ubuntu multiarch, RHEL/SUSE lib64, NVIDIA's runfile and its test driver root under
+#: lib/, x86_64 and aarch64, merged /usr or not). A library is taken from the first directory that
+#: holds it (with merged /usr, lib/... and usr/lib/... are one directory).
+LIBRARY_SUBDIRS: tuple[str, ...] = (
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib",
+)
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 #: NVIDIA_DRIVER_CAPABILITIES=utility: management (nvidia-smi, DCGM) libraries.
@@ -108,6 +148,8 @@ COMPUTE_LIBRARIES = (
     "libnvidia-pkcs11-openssl3",
     "libnvidia-ptxjitcompiler",
 )
+#: VDPAU: the driver's backend, in the vdpau/ folder of the library directory.
+VDPAU_LIBRARY = "vdpau/libvdpau_nvidia"
 BINARIES = (
     "nvidia-smi",
     "nvidia-debugdump",
@@ -352,6 +394,7 @@ class DriverFiles:
     binaries: tuple[str, ...] = ()
     firmware: tuple[str, ...] = ()
     control_nodes: tuple[str, ...] = ()  # container paths under /dev that exist under the dev root
+    libcuda_dir: str = ""  # the folder of libcuda.so.<version> ("" when absent)
 
 
 @dataclass(frozen=True)
@@ -363,6 +406,8 @@ class SpecOptions:
     dev_root: str = "/"  # host path under which /dev lives
     hook_path: str = DEFAULT_HOOK_PATH
     env: tuple[str, ...] = ("NVIDIA_VISIBLE_DEVICES=void",)
+    disabled_hooks: frozenset[str] = frozenset()  # HOOK_COMMANDS names left out
+    mode: str = "nvml"
 
 
 def _host(root: str, path: str) -> str:
@@ -390,26 +435,66 @@ def _hook_args(hook_path: str, command: str, args: Iterable[str]) -> tuple[str, 
     return (*head, command, *args)
 
 
+def parse_disabled_hooks(text: str | Sequence[str]) -> frozenset[str]:
+    """``--disable-hook``: hook names (comma-separated or a list) or ``all``; ``ValueError`` for an
+    unknown name."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = {s.strip() for s in items if s.strip()}
+    if "all" in names:
+        return frozenset(HOOK_COMMANDS)
+    for name in sorted(names):
+        if name not in HOOK_COMMANDS and name not in _OTHER_NVIDIA_HOOKS:
+            raise ValueError(f"unknown hook {name!r}; choose from all, {', '.join(HOOK_COMMANDS)}")
+    return frozenset(names & set(HOOK_COMMANDS))
+
+
+def hooks_enabled(opts: SpecOptions) -> bool:
+    """Whether the spec runs any hook (so ``hook_path`` must exist)."""
+    return not set(HOOK_COMMANDS) <= opts.disabled_hooks
+
+
 def common_edits(files: DriverFiles, opts: SpecOptions) -> ContainerEdits:
-    """The spec-level edits: env, control nodes, driver mounts and the two library hooks."""
+    """The spec-level edits: env, control nodes, driver mounts and the hooks, in NVIDIA's order:
+    ``create-symlinks``, ``enable-cuda-compat``, ``update-ldcache``,
+    ``disable-device-node-modification`` (each unless disabled)."""
     nodes = tuple(_node(p, opts.dev_root) for p in CONTROL_NODES if p in files.control_nodes)
     mount_paths = sorted({*files.libraries, *files.binaries, *files.firmware})
     mounts = tuple(Mount(_host(opts.driver_root, p), p) for p in mount_paths)
-    hooks: list[Hook] = []
+    env = opts.env
+    if files.libcuda_dir:
+        env = (*env, f"NVIDIA_CTK_LIBCUDA_DIR={files.libcuda_dir}")
+    wanted: list[tuple[str, list[str]]] = []
     if files.symlinks:
         links: list[str] = []
         for target, link in sorted(files.symlinks, key=lambda t: t[1]):
             links += ["--link", f"{target}::{link}"]
-        hooks.append(
-            Hook("createContainer", opts.hook_path, _hook_args(opts.hook_path, "create-symlinks", links))
-        )
+        wanted.append(("create-symlinks", links))
+    if files.libcuda_dir and files.version:
+        wanted.append(("enable-cuda-compat", [f"--host-driver-version={files.version}"]))
     folders = sorted({posixpath.dirname(p) for p in files.libraries})
     if folders:
-        args = [a for folder in folders for a in ("--folder", folder)]
-        hooks.append(
-            Hook("createContainer", opts.hook_path, _hook_args(opts.hook_path, "update-ldcache", args))
-        )
-    return ContainerEdits(env=opts.env, device_nodes=nodes, mounts=mounts, hooks=tuple(hooks))
+        wanted.append(("update-ldcache", [a for folder in folders for a in ("--folder", folder)]))
+    if files.libraries:
+        wanted.append(("disable-device-node-modification", []))
+    hooks = tuple(
+        Hook("createContainer", opts.hook_path, _hook_args(opts.hook_path, command, args))
+        for command, args in wanted
+        if command not in opts.disabled_hooks
+    )
+    return ContainerEdits(env=env, device_nodes=nodes, mounts=mounts, hooks=hooks)
+
+
+def build_management_spec(
+    files: DriverFiles, opts: SpecOptions, device_nodes: Sequence[str]
+) -> tuple[Spec, list[str]]:
+    """``--mode management``: one device, ``all``, holding every GPU and MIG capability node found
+    (``device_nodes``: container paths from :func:`discover_nodes`), plus the usual spec-level edits;
+    no NVML enumeration, so it stays valid across MIG changes (what monitoring containers use)."""
+    validate_kind(opts.kind)
+    nodes = tuple(sorted((_node(p, opts.dev_root) for p in device_nodes), key=_node_key))
+    warnings = [] if nodes else [f"no GPU device nodes under {opts.dev_root}/dev"]
+    devices = (CdiDevice("all", ContainerEdits(device_nodes=nodes)),) if nodes else ()
+    return Spec(opts.kind, devices, common_edits(files, opts)), warnings
 
 
 def build_spec(
@@ -544,7 +629,68 @@ def _resolve_link(host: HostPaths, link: str, max_hops: int = 8) -> str | None:
 
 
 def _library_dirs(host: HostPaths) -> list[str]:
-    return ["/" + sub for sub in DRIVER_LIB_SUBDIRS if host.driver(sub).is_dir()]
+    return ["/" + sub for sub in LIBRARY_SUBDIRS if host.driver(sub).is_dir()]
+
+
+def elf_soname(path: Path) -> str | None:
+    """The ``DT_SONAME`` of a shared library (``libcuda.so.1``), or None when ``path`` is not an ELF
+    file with one (read through the program headers: PT_DYNAMIC, then DT_STRTAB mapped by PT_LOAD)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(64)
+            if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+                return None
+            is64 = head[4] == 2
+            end = "<" if head[5] == 1 else ">"
+            if is64:
+                (phoff,) = struct.unpack_from(end + "Q", head, 32)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+            else:
+                (phoff,) = struct.unpack_from(end + "I", head, 28)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 42)
+            if not 0 < phnum <= 512 or phentsize < (56 if is64 else 32):
+                return None
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            loads: list[tuple[int, int, int]] = []
+            dynamic: tuple[int, int] | None = None
+            for i in range(phnum):
+                if is64:
+                    p_type, _, offset, vaddr, _, filesz = struct.unpack_from(
+                        end + "IIQQQQ", table, i * phentsize
+                    )
+                else:
+                    p_type, offset, vaddr, _, filesz = struct.unpack_from(end + "IIIII", table, i * phentsize)
+                if p_type == 1:  # PT_LOAD
+                    loads.append((vaddr, offset, filesz))
+                elif p_type == 2:  # PT_DYNAMIC
+                    dynamic = (offset, filesz)
+            if dynamic is None:
+                return None
+            f.seek(dynamic[0])
+            data = f.read(min(dynamic[1], 1 << 20))
+            entry = end + ("qQ" if is64 else "iI")
+            size = struct.calcsize(entry)
+            strtab: int | None = None
+            soname: int | None = None
+            for at in range(0, len(data) - size + 1, size):
+                tag, value = struct.unpack_from(entry, data, at)
+                if tag == 0:  # DT_NULL
+                    break
+                if tag == 5:  # DT_STRTAB
+                    strtab = value
+                elif tag == 14:  # DT_SONAME
+                    soname = value
+            if strtab is None or soname is None:
+                return None
+            for vaddr, offset, filesz in loads:
+                if vaddr <= strtab < vaddr + filesz:
+                    f.seek(offset + (strtab - vaddr) + soname)
+                    name = f.read(256).split(b"\0", 1)[0].decode("ascii")
+                    return name if name and "/" not in name else None
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
 
 
 def discover_driver(
@@ -554,40 +700,57 @@ def discover_driver(
     libraries: Sequence[str] = UTILITY_LIBRARIES + COMPUTE_LIBRARIES,
 ) -> tuple[DriverFiles, list[str]]:
     """Scan the driver root (``host.driver_dir``) for the driver's files, and ``dev_root`` (a host path,
-    under ``host.root``) for the control device nodes. Returns the files and warnings."""
+    under ``host.root``) for the control device nodes. Returns the files and warnings.
+
+    Links for the container: the symlinks beside each library that lead to it (its soname link and
+    development links, as the driver installed them), the soname link read from the library's
+    ``DT_SONAME`` when the driver root lacks it, and NVIDIA's ``libcuda.so -> libcuda.so.1``."""
     warnings: list[str] = []
     libs: list[str] = []
-    links: list[tuple[str, str]] = []
+    links: dict[str, str] = {}  # link path -> target
     wanted = {f"{name}.so.{driver_version}": name for name in libraries}
+    wanted[f"{posixpath.basename(VDPAU_LIBRARY)}.so.{driver_version}"] = posixpath.basename(VDPAU_LIBRARY)
     found: set[str] = set()
+    libcuda_dir = ""
     for directory in _library_dirs(host):
-        try:
-            entries = sorted(os.scandir(host.driver(directory)), key=lambda e: e.name)
-        except OSError:
-            continue
-        here = [
-            e.name for e in entries if e.name in wanted and e.name not in found and _is_file(Path(e.path))
-        ]
-        for name in here:
-            found.add(name)
-            libs.append(posixpath.join(directory, name))
-        if not here:
-            continue
-        targets = {posixpath.join(directory, name) for name in here}
-        stems = tuple(wanted[name] + ".so" for name in here)
-        for entry in entries:
-            if not entry.name.startswith(stems) or not entry.is_symlink():
+        for sub in ("", posixpath.dirname(VDPAU_LIBRARY)):
+            folder = posixpath.join(directory, sub) if sub else directory
+            try:
+                entries = sorted(os.scandir(host.driver(folder)), key=lambda e: e.name)
+            except OSError:
                 continue
-            path = posixpath.join(directory, entry.name)
-            if _resolve_link(host, path) in targets:
-                links.append((os.readlink(entry.path), path))
+            is_vdpau = bool(sub)
+            here = [
+                e.name
+                for e in entries
+                if e.name in wanted
+                and e.name not in found
+                and e.name.startswith("libvdpau_nvidia") == is_vdpau
+                and _is_file(Path(e.path))
+            ]
+            for name in here:
+                found.add(name)
+                libs.append(posixpath.join(folder, name))
+                if name.startswith("libcuda.so."):
+                    libcuda_dir = folder
+            if not here:
+                continue
+            targets = {posixpath.join(folder, name) for name in here}
+            stems = tuple(wanted[name] + ".so" for name in here)
+            for entry in entries:
+                if not entry.name.startswith(stems) or not entry.is_symlink():
+                    continue
+                path = posixpath.join(folder, entry.name)
+                if _resolve_link(host, path) in targets:
+                    links[path] = os.readlink(entry.path)
+            for name in here:
+                soname = elf_soname(host.driver(posixpath.join(folder, name)))
+                if soname and soname != name and soname.startswith(wanted[name] + ".so"):
+                    links.setdefault(posixpath.join(folder, soname), name)
+    if libcuda_dir:
+        links.setdefault(posixpath.join(libcuda_dir, "libcuda.so"), "libcuda.so.1")
     missing = sorted(set(wanted) - found)
-    if not libs:
-        warnings.append(
-            f"no driver libraries of version {driver_version} under {host.driver_dir} "
-            f"(searched {', '.join(DRIVER_LIB_SUBDIRS)})"
-        )
-    else:
+    if libs:
         essential = [m for m in missing if m.startswith(("libnvidia-ml.", "libcuda."))]
         if essential:
             warnings.append(f"driver libraries not found: {', '.join(essential)}")
@@ -611,12 +774,42 @@ def discover_driver(
     files = DriverFiles(
         version=driver_version,
         libraries=tuple(libs),
-        symlinks=tuple(links),
+        symlinks=tuple((target, link) for link, target in sorted(links.items())),
         binaries=tuple(binaries),
         firmware=tuple(firmware),
         control_nodes=control,
+        libcuda_dir=libcuda_dir,
     )
     return files, warnings
+
+
+def no_libraries_message(host: HostPaths, driver_version: str) -> str:
+    """What ``cdi generate`` says when the driver root holds no driver library."""
+    return (
+        f"no driver libraries of version {driver_version} under the driver root {host.driver_dir} "
+        f"(searched {', '.join(LIBRARY_SUBDIRS)}); a spec without them gives containers no "
+        "libcuda/libnvidia-ml. Point --driver-root (NVIDIA_DRIVER_ROOT) at the driver's files, or pass "
+        "--allow-missing-libraries to write the spec anyway"
+    )
+
+
+_GPU_NODE = re.compile(r"^nvidia(\d+)$")
+
+
+def discover_nodes(host: HostPaths, dev_root: str = "/") -> list[str]:
+    """Every GPU node ``/dev/nvidia<N>`` and MIG capability node ``/dev/nvidia-caps/nvidia-cap<N>``
+    under ``dev_root`` (container paths), for ``--mode management``."""
+    base = host.host(dev_root) / "dev"
+    out: list[str] = []
+    with contextlib.suppress(OSError):
+        out += [f"/dev/{e.name}" for e in os.scandir(base) if _GPU_NODE.match(e.name)]
+    with contextlib.suppress(OSError):
+        out += [
+            f"/dev/nvidia-caps/{e.name}"
+            for e in os.scandir(base / "nvidia-caps")
+            if e.name.startswith("nvidia-cap")
+        ]
+    return out
 
 
 _MINOR_LINE = re.compile(r"^\s*DeviceFileMinor\s*:\s*(\d+)\s*$", re.MULTILINE)

@@ -2,25 +2,31 @@
 
     gpunode-toolkit cdi generate [--output /var/run/cdi/nvidia.yaml] [--format yaml|json] [--watch]
                                  [--vendor nvidia.com --class gpu | --kind nvidia.com/gpu]
-                                 [--device-name-strategy index,uuid] [--hook-path PATH]
+                                 [--device-name-strategy index,uuid] [--mode nvml|management]
+                                 [--hook-path PATH] [--disable-hook NAMES] [--no-install-hook]
                                  [--driver-root DIR] [--dev-root DIR] [--host-root DIR]
+                                 [--allow-missing-libraries]
     gpunode-toolkit cdi list [--spec FILE] [...]
 
 `generate` writes the spec atomically (mode 0644; a `.json` name or --format json gives JSON, else YAML;
-`--output -` prints it). With --watch (GPUNODE_CDI_WATCH) it stays up and rewrites the file whenever NVML
+`--output -` prints it). The spec's hooks run gpunode's gpunode-cdi-hook, which generate installs at
+--hook-path (under --host-root) first; a --hook-path naming another program (NVIDIA's nvidia-cdi-hook
+or nvidia-ctk) must exist. With --watch (GPUNODE_CDI_WATCH) it stays up and rewrites the file whenever NVML
 reports a MIG configuration change and the content changed. `list` prints the fully qualified device
 names (nvidia.com/gpu=0, ...) that the spec of the current devices holds, or those of --spec FILE.
 
-Exit 0 on success, 1 on failure (NVML, an unwritable output), 2 on bad usage.
+Exit 0 on success, 1 on failure (NVML, no driver library in the driver root, an unwritable output or
+hook), 2 on bad usage (a --hook-path naming no program among them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpunode.agent.main import AgentContext, AgentSpec, Started, verbs_main
@@ -31,19 +37,26 @@ from gpunode.common.runtime import run
 from gpunode.nvml.api import EVENT_MIG_CONFIG, EventKind, Nvml
 from gpunode.nvml.errors import NvmlError
 from gpunode.toolkit.cdi import (
+    DEFAULT_KIND,
+    MANAGEMENT_KIND,
     Format,
     Spec,
     SpecOptions,
+    build_management_spec,
     build_spec,
     discover_driver,
+    discover_nodes,
     format_for,
+    hooks_enabled,
     load_spec,
     make_kind,
+    no_libraries_message,
+    parse_disabled_hooks,
     parse_name_strategies,
     read_mig_cap_minors,
     render,
 )
-from gpunode.toolkit.cdi_imex import build_imex_spec, discover_channels, is_imex_kind
+from gpunode.toolkit.hook import hook_problem, install_hook, is_gpunode_hook
 from gpunode.toolkit.settings import CdiGenerateSettings, CdiListSettings, CdiSpecSettings
 
 __all__ = [
@@ -63,24 +76,36 @@ COALESCE_S = 0.2  # a MIG reconfiguration is a burst of events: regenerate once 
 RETRY_S = 10.0
 
 
+class NoLibraries(Exception):
+    """The driver root holds no driver library (and --allow-missing-libraries is not set)."""
+
+
 @dataclass(frozen=True)
 class GenerateJob:
     host: HostPaths
     opts: SpecOptions
     output: str | None  # None: stdout
     fmt: Format
+    allow_missing_libraries: bool = False
 
 
 def spec_options(cdi: CdiSpecSettings, driver_root: str) -> SpecOptions:
     """The builder's options from the settings; ``ValueError`` for bad values."""
     root = driver_root or "/"
+    kind = make_kind(cdi.vendor, cdi.device_class, cdi.kind)
+    if cdi.mode == "management" and cdi.kind is None and kind == DEFAULT_KIND:
+        kind = MANAGEMENT_KIND  # as nvidia-ctk: management specs have their own kind
+    if not os.path.isabs(cdi.hook_path):
+        raise ValueError(f"--hook-path {cdi.hook_path!r}: must be an absolute path on the host")
     return SpecOptions(
-        kind=make_kind(cdi.vendor, cdi.device_class, cdi.kind),
+        kind=kind,
         name_strategies=parse_name_strategies(cdi.device_name_strategy),
         all_device=cdi.all_device,
         driver_root=root,
         dev_root=cdi.dev_root or root,
         hook_path=cdi.hook_path,
+        disabled_hooks=parse_disabled_hooks(cdi.disable_hook),
+        mode="management" if cdi.mode == "management" else "nvml",
     )
 
 
@@ -92,23 +117,56 @@ def generate_job(cdi: CdiSpecSettings, driver_root: str, output: str, fmt: str |
         opts=opts,
         output=None if output in ("", "-") else output,
         fmt=format_for(output, fmt),
+        allow_missing_libraries=cdi.allow_missing_libraries,
     )
 
 
+def prepare_hook(job: GenerateJob, install: bool, log: Logger) -> None:
+    """Make sure the program the spec's hooks run exists on the host before any spec names it.
+
+    gpunode's hook is installed (atomically; nothing written when it is current) when the spec goes
+    to a file and ``install``; any other program must already be there. ``ValueError`` (exit 2) for a
+    missing or unusable program; ``OSError`` when the install fails."""
+    if not hooks_enabled(job.opts):
+        return
+    hook = job.opts.hook_path
+    local = job.host.host(hook)
+    if is_gpunode_hook(hook) and install and job.output is not None:
+        if install_hook(local):
+            log.info("cdi_hook_installed", path=hook, local=str(local))
+        return
+    problem = hook_problem(local, hook)
+    if problem is None:
+        return
+    if is_gpunode_hook(hook) and job.output is None:  # printing a spec to look at: say so, go on
+        log.warning("cdi_hook_missing", detail=problem)
+        return
+    if is_gpunode_hook(hook):
+        problem += " (generate installs it unless --no-install-hook)"
+    else:
+        problem += "; install it, or leave --hook-path at gpunode's hook, which generate installs"
+    raise ValueError(problem)
+
+
 async def snapshot(nvml: Nvml, job: GenerateJob, log: Logger) -> Spec:
-    """The spec of the devices NVML reports now (discovery warnings are logged); for the
-    ``imex-channel`` class, of the IMEX channel nodes (no NVML)."""
-    if is_imex_kind(job.opts.kind):
-        channels = await asyncio.to_thread(discover_channels, job.host, job.opts.dev_root)
-        return build_imex_spec(channels, job.opts)
+    """The spec of the devices NVML reports now (discovery warnings are logged)."""
     system = await nvml.system()
     gpus = await nvml.gpus()
     migs = {g.index: tuple(await nvml.mig_devices(g.index)) for g in gpus if g.mig_enabled}
     files, found = await asyncio.to_thread(
         discover_driver, job.host, system.driver_version, job.opts.dev_root
     )
-    caps = await asyncio.to_thread(read_mig_cap_minors, job.host, gpus, migs)
-    spec, built = build_spec(gpus, migs, files, job.opts, caps)
+    if not files.libraries:
+        message = no_libraries_message(job.host, system.driver_version)
+        if not job.allow_missing_libraries:
+            raise NoLibraries(message)
+        found.append(message)
+    if job.opts.mode == "management":
+        nodes = await asyncio.to_thread(discover_nodes, job.host, job.opts.dev_root)
+        spec, built = build_management_spec(files, job.opts, nodes)
+    else:
+        caps = await asyncio.to_thread(read_mig_cap_minors, job.host, gpus, migs)
+        spec, built = build_spec(gpus, migs, files, job.opts, caps)
     for detail in (*found, *built):
         log.warning("cdi_discovery_warning", detail=detail)
     return spec
@@ -118,8 +176,7 @@ def write_spec(spec: Spec, job: GenerateJob, log: Logger) -> bool:
     """Write the spec (only when its content changed); True when written. Raises OSError."""
     text = render(spec, job.fmt)
     if job.output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        print_quietly(text)
         return True
     parent = os.path.dirname(os.path.abspath(job.output))
     os.makedirs(parent, mode=0o755, exist_ok=True)
@@ -167,7 +224,7 @@ async def watch(
             try:
                 write_spec(await snapshot(nvml, job, log), job, log)
                 failed = False
-            except (NvmlError, OSError, ValueError) as exc:
+            except (NvmlError, OSError, ValueError, NoLibraries) as exc:
                 log.error("cdi_generate_failed", path=job.output, error=str(exc), retry_in_s=retry_s)
                 failed = True
             if first and not failed:
@@ -210,8 +267,11 @@ async def _generate(
         except NvmlError as exc:
             print(f"{PROG} {verb}: error: NVML: {exc}", file=sys.stderr)
             return 1
+        except NoLibraries as exc:
+            print(f"{PROG} {verb}: error: {exc}", file=sys.stderr)
+            return 1
         if verb == "list":
-            print("\n".join(spec.names))
+            print_quietly("".join(f"{name}\n" for name in spec.names))
             return 0
         try:
             write_spec(spec, job, log)
@@ -231,16 +291,37 @@ def _list_file(path: str) -> int:
     except (OSError, ValueError) as exc:
         print(f"{PROG} list: error: {exc}", file=sys.stderr)
         return 1
-    for device in doc["devices"]:
-        print(f"{doc['kind']}={device.get('name')}")
+    print_quietly("".join(f"{doc['kind']}={device.get('name')}\n" for device in doc["devices"]))
     return 0
 
 
-def start_generate(ctx: AgentContext[CdiGenerateSettings]) -> Started:
+def print_quietly(text: str) -> None:
+    """Write ``text`` to stdout; a reader that went away (``| head -1``) ends the output quietly."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # nothing more can be written; point stdout at /dev/null so the exit's flush is quiet too
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+
+
+def start_generate(ctx: AgentContext[CdiGenerateSettings]) -> Started | int:
     s = ctx.settings
     job = generate_job(s.cdi, s.common.driver_root, s.output, s.format)
     if s.watch and job.output is None:
         raise ValueError("--watch needs an --output file")
+    try:
+        prepare_hook(job, s.install_hook, get_logger("gpunode.toolkit.cdi"))
+    except OSError as exc:
+        where = exc.filename or job.opts.hook_path
+        print(
+            f"{PROG} generate: error: cannot install the hook at {where}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
     return Started(_generate(ctx, job, "generate", keep_watching=s.watch))
 
 
@@ -248,7 +329,8 @@ def start_list(ctx: AgentContext[CdiListSettings]) -> int:
     s = ctx.settings
     if s.spec:
         return _list_file(s.spec)
-    job = generate_job(s.cdi, s.common.driver_root, "-", None)
+    # listing names devices; it needs no driver library
+    job = replace(generate_job(s.cdi, s.common.driver_root, "-", None), allow_missing_libraries=True)
     return run(_generate(ctx, job, "list"))  # the devices are printed, the settings not logged
 
 

@@ -3,6 +3,7 @@
     gpunode-toolkit cdi generate [--output /var/run/cdi/nvidia.yaml] [--watch] [...]
     gpunode-toolkit cdi list
     gpunode-toolkit runtime configure --runtime containerd|crio [--dry-run] [--revert] [...]
+    gpunode-toolkit hook install|uninstall [--hook-path PATH] [--host-root DIR]
 
 Exit 0 on success, 1 on failure, 2 on bad usage or configuration.
 """
@@ -13,15 +14,21 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gpunode.agent.main import AgentSpec
 from gpunode.common.cli import split_verb
-from gpunode.toolkit import cdi_cli, runtime_cli
-from gpunode.toolkit.settings import CdiGenerateSettings, CdiListSettings, ConfigureSettings, RuntimeSettings
+from gpunode.toolkit import cdi_cli, hook_cli, runtime_cli
+from gpunode.toolkit.settings import (
+    CdiGenerateSettings,
+    CdiListSettings,
+    ConfigureSettings,
+    HookSettings,
+    RuntimeSettings,
+)
 
 __all__ = ["SPECS", "main"]
 
 Main = Callable[[Sequence[str] | None, Mapping[str, str] | None], int]
 
 #: Each group's own `main` (``gpunode-toolkit GROUP VERB [flags]``).
-GROUPS: Mapping[str, Main] = {"cdi": cdi_cli.main, "runtime": runtime_cli.main}
+GROUPS: Mapping[str, Main] = {"cdi": cdi_cli.main, "runtime": runtime_cli.main, "hook": hook_cli.main}
 
 #: Every verb's spec, by ``"GROUP VERB"`` (what the registry lists).
 SPECS: Mapping[
@@ -29,10 +36,12 @@ SPECS: Mapping[
     AgentSpec[CdiGenerateSettings]
     | AgentSpec[CdiListSettings]
     | AgentSpec[ConfigureSettings]
-    | AgentSpec[RuntimeSettings],
+    | AgentSpec[RuntimeSettings]
+    | AgentSpec[HookSettings],
 ] = {
     **{f"cdi {verb}": spec for verb, spec in cdi_cli.SPECS.items()},
     **{f"runtime {verb}": spec for verb, spec in runtime_cli.SPECS.items()},
+    **{f"hook {verb}": spec for verb, spec in hook_cli.SPECS.items()},
 }
 
 

@@ -14,7 +14,7 @@ from typing import Literal, cast
 
 from gpunode.common.errors import UsageError
 from gpunode.common.settings import CommonSettings, group, setting
-from gpunode.toolkit.cdi import DEFAULT_HOOK_PATH, DEFAULT_OUTPUT
+from gpunode.toolkit.cdi import DEFAULT_HOOK_PATH, DEFAULT_OUTPUT, HOOK_COMMANDS, MODES, parse_disabled_hooks
 
 __all__ = [
     "CdiGenerateSettings",
@@ -24,6 +24,7 @@ __all__ = [
     "ConfigureSettings",
     "CrioConfigureSettings",
     "CrioSettings",
+    "HookSettings",
     "RuntimeSettings",
     "configure_settings_for",
     "runtime_of",
@@ -32,6 +33,11 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------------------------------------ cdi
+
+
+def _disabled_hooks(text: str) -> str:
+    """``--disable-hook``: checked, normalized (``all`` spelled out)."""
+    return ",".join(sorted(parse_disabled_hooks(text)))
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,31 @@ class CdiSpecSettings:
         env="NVIDIA_CDI_HOOK_PATH",
         default=DEFAULT_HOOK_PATH,
         metavar="PATH",
-        help="host path of nvidia-cdi-hook (or nvidia-ctk) that the spec's hooks run",
+        help="host path of the program the spec's hooks run: gpunode's gpunode-cdi-hook (installed by "
+        "generate), or NVIDIA's nvidia-cdi-hook / nvidia-ctk where installed",
+    )
+    disable_hook: str = setting(
+        "--disable-hook",
+        env=("GPUNODE_CDI_DISABLE_HOOK", "NVIDIA_CTK_CDI_DISABLE_HOOK"),
+        default="",
+        type=_disabled_hooks,
+        metavar="NAMES",
+        help=f"hooks to leave out of the spec, comma-separated: all, {', '.join(HOOK_COMMANDS)}",
+    )
+    mode: str = setting(
+        "--mode",
+        env=("GPUNODE_CDI_MODE", "NVIDIA_CTK_CDI_MODE"),
+        choices=MODES,
+        default="auto",
+        help="nvml/auto: every GPU and MIG device NVML reports; management: one device 'all' with every "
+        "GPU node found (kind management.nvidia.com/gpu unless --kind/--vendor/--class say otherwise)",
+    )
+    allow_missing_libraries: bool = setting(
+        "--allow-missing-libraries",
+        env="GPUNODE_CDI_ALLOW_MISSING_LIBRARIES",
+        type=bool,
+        default=False,
+        help="write the spec even when the driver root holds no driver library (default: exit 1)",
     )
     dev_root: str | None = setting(
         "--dev-root",
@@ -124,6 +154,13 @@ class CdiGenerateSettings:
         default=False,
         help="stay up and rewrite the spec after every MIG configuration change",
     )
+    install_hook: bool = setting(
+        "--install-hook",
+        env="GPUNODE_CDI_INSTALL_HOOK",
+        type=bool,
+        default=True,
+        help="install gpunode-cdi-hook at --hook-path (under --host-root) before writing a spec that runs it",
+    )
 
 
 @dataclass(frozen=True)
@@ -134,6 +171,27 @@ class CdiListSettings:
     cdi: CdiSpecSettings = group(CdiSpecSettings, aliases=_HOOK_ALIAS)
     spec: str | None = setting(
         "--spec", metavar="FILE", help="list the devices of this spec file instead (no NVML)"
+    )
+
+
+@dataclass(frozen=True)
+class HookSettings:
+    """`gpunode-toolkit hook install|uninstall`."""
+
+    common: CommonSettings = group(CommonSettings)
+    hook_path: str = setting(
+        "--hook-path",
+        env="NVIDIA_CDI_HOOK_PATH",
+        default=DEFAULT_HOOK_PATH,
+        metavar="PATH",
+        help="host path of gpunode-cdi-hook",
+    )
+    host_root: str = setting(
+        "--host-root",
+        env="GPUNODE_HOST_ROOT",
+        default="/",
+        metavar="DIR",
+        help="where the host's / is visible to this process",
     )
 
 

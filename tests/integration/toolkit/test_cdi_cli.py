@@ -250,6 +250,15 @@ def test_json_output_and_list(tmp_path: Path, host: Path, env: dict[str, str]) -
 
 def test_kind_from_env_and_stdout(tmp_path: Path, host: Path, env: dict[str, str]) -> None:
     state = make_state(tmp_path, "t4x4")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    # no driver tree: no driver library is an error, naming the root and the layouts searched
+    proc = toolkit(["cdi", "generate", "--sim-state", str(state), "--host-root", str(bare), "-o", "-"], env)
+    assert proc.returncode == 1
+    assert f"under the driver root {bare}" in proc.stderr
+    assert "usr/lib/x86_64-linux-gnu, usr/lib/aarch64-linux-gnu, lib64, lib/x86_64-linux-gnu" in proc.stderr
+    assert not proc.stdout
+    env = {**env, "GPUNODE_CDI_ALLOW_MISSING_LIBRARIES": "true"}
     proc = toolkit(
         ["cdi", "generate", "--sim-state", str(state), "--output", "-", "--format", "json"],
         {**env, "NVIDIA_CTK_CDI_KIND": "example.com/accel"},

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -342,13 +344,14 @@ FILES = DriverFiles(
     binaries=("/usr/bin/nvidia-smi",),
     firmware=(f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",),
     control_nodes=("/dev/nvidia-uvm", "/dev/nvidiactl"),
+    libcuda_dir=f"/{LIBDIR}",
 )
 
 
 def test_common_edits() -> None:
     doc, _ = build(files=FILES, driver_root="/run/nvidia/driver", dev_root="/run/nvidia/driver")
     edits = doc["containerEdits"]
-    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void", f"NVIDIA_CTK_LIBCUDA_DIR=/{LIBDIR}"]
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]  # fixed order
     assert edits["deviceNodes"][0]["hostPath"] == "/run/nvidia/driver/dev/nvidiactl"
     paths = [m["containerPath"] for m in edits["mounts"]]
@@ -359,14 +362,14 @@ def test_common_edits() -> None:
     assert mount == {
         "hostPath": "/run/nvidia/driver/usr/bin/nvidia-smi",
         "containerPath": "/usr/bin/nvidia-smi",
-        "options": ["ro", "nosuid", "nodev", "bind"],
+        "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
     }
-    symlinks, ldcache = edits["hooks"]
+    symlinks, compat, ldcache, nodemod = edits["hooks"]
     assert symlinks == {
         "hookName": "createContainer",
-        "path": "/usr/bin/nvidia-cdi-hook",
+        "path": "/usr/local/gpunode/bin/gpunode-cdi-hook",
         "args": [
-            "nvidia-cdi-hook",
+            "gpunode-cdi-hook",
             "create-symlinks",
             "--link",
             f"libcuda.so.1::/{LIBDIR}/libcuda.so",
@@ -374,14 +377,52 @@ def test_common_edits() -> None:
             f"libnvidia-ml.so.{VERSION}::/{LIBDIR}/libnvidia-ml.so.1",
         ],
     }
+    assert compat["args"] == ["gpunode-cdi-hook", "enable-cuda-compat", f"--host-driver-version={VERSION}"]
     assert ldcache["args"] == [
-        "nvidia-cdi-hook",
+        "gpunode-cdi-hook",
         "update-ldcache",
         "--folder",
         f"/{LIBDIR}",
         "--folder",
         "/usr/lib64",
     ]
+    assert nodemod["args"] == ["gpunode-cdi-hook", "disable-device-node-modification"]
+
+
+@pytest.mark.parametrize(
+    ("disabled", "left"),
+    [
+        ("", ["create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"]),
+        ("enable-cuda-compat", ["create-symlinks", "update-ldcache", "disable-device-node-modification"]),
+        (
+            "update-ldcache,chmod",
+            ["create-symlinks", "enable-cuda-compat", "disable-device-node-modification"],
+        ),
+        ("all", []),
+    ],
+)
+def test_disable_hook(disabled: str, left: list[str]) -> None:
+    doc, _ = build(files=FILES, disabled_hooks=cdi.parse_disabled_hooks(disabled))
+    assert [h["args"][1] for h in doc["containerEdits"].get("hooks", [])] == left
+
+
+def test_disable_hook_rejects_an_unknown_name() -> None:
+    with pytest.raises(ValueError, match="unknown hook 'frob'"):
+        cdi.parse_disabled_hooks("create-symlinks,frob")
+
+
+def test_management_spec_has_only_all() -> None:
+    opts = SpecOptions(kind=cdi.MANAGEMENT_KIND, dev_root="/run/nvidia/driver")
+    spec, warnings = cdi.build_management_spec(
+        FILES, opts, ["/dev/nvidia10", "/dev/nvidia2", "/dev/nvidia-caps/nvidia-cap1"]
+    )
+    doc = spec.to_dict()
+    assert warnings == []
+    assert doc["kind"] == "management.nvidia.com/gpu"
+    assert names(doc) == ["all"]
+    assert nodes(doc, "all") == ["/dev/nvidia2", "/dev/nvidia10", "/dev/nvidia-caps/nvidia-cap1"]
+    assert doc["cdiVersion"] == "0.5.0"
+    assert doc["containerEdits"]["mounts"]
 
 
 def test_hooks_through_nvidia_ctk_take_the_hook_subcommand() -> None:
@@ -497,19 +538,85 @@ def test_discover_driver_follows_links_in_the_root(tmp_path: Path) -> None:
     assert files.symlinks == ((f"/{LIBDIR}/libnvidia-ml.so.{VERSION}", f"/{LIBDIR}/libnvidia-ml.so"),)
 
 
-def test_discover_driver_on_an_empty_root_warns(tmp_path: Path) -> None:
-    files, warnings = cdi.discover_driver(HostPaths(root=tmp_path, driver_root="/"), VERSION)
+def test_discover_driver_on_an_empty_root_finds_nothing(tmp_path: Path) -> None:
+    host = HostPaths(root=tmp_path, driver_root="/")
+    files, warnings = cdi.discover_driver(host, VERSION)
     assert files == DriverFiles(version=VERSION)
-    assert len(warnings) == 1
-    assert "no driver libraries" in warnings[0]
+    assert warnings == []  # the caller decides: cdi generate exits 1 with this message
+    message = cdi.no_libraries_message(host, VERSION)
+    assert str(tmp_path) in message
+    assert all(sub in message for sub in cdi.LIBRARY_SUBDIRS)
+
+
+def _elf_library(path: Path, soname: str) -> None:
+    """A real shared library with ``soname`` (built with the C compiler), or a skip without one."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build a shared library")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.parent / "x.c"
+    src.write_text("int gpunode_test_symbol(void) { return 1; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), str(src)], check=True)
+    src.unlink()
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "usr/lib/x86_64-linux-gnu",
+        "lib/x86_64-linux-gnu",
+        "usr/lib64",
+        "lib64",
+        "usr/lib/aarch64-linux-gnu",
+        "lib/aarch64-linux-gnu",
+        "usr/lib",
+    ],
+)
+def test_discover_driver_in_every_layout(tmp_path: Path, layout: str) -> None:
+    """Libraries only (no links, as in a driver tree unpacked without ldconfig): found in every layout,
+    the soname link read from the library, NVIDIA's libcuda.so link, NVIDIA_CTK_LIBCUDA_DIR."""
+    base = tmp_path / "drv"
+    _elf_library(base / layout / f"libcuda.so.{VERSION}", "libcuda.so.1")
+    _elf_library(base / layout / f"libnvidia-ml.so.{VERSION}", "libnvidia-ml.so.1")
+    _elf_library(base / layout / f"vdpau/libvdpau_nvidia.so.{VERSION}", "libvdpau_nvidia.so.1")
+    files, warnings = cdi.discover_driver(HostPaths(root=tmp_path, driver_root="/drv"), VERSION)
+    assert warnings == []
+    assert sorted(files.libraries) == [
+        f"/{layout}/libcuda.so.{VERSION}",
+        f"/{layout}/libnvidia-ml.so.{VERSION}",
+        f"/{layout}/vdpau/libvdpau_nvidia.so.{VERSION}",
+    ]
+    assert files.libcuda_dir == f"/{layout}"
+    assert sorted(files.symlinks, key=lambda t: t[1]) == [
+        ("libcuda.so.1", f"/{layout}/libcuda.so"),
+        (f"libcuda.so.{VERSION}", f"/{layout}/libcuda.so.1"),
+        (f"libnvidia-ml.so.{VERSION}", f"/{layout}/libnvidia-ml.so.1"),
+        (f"libvdpau_nvidia.so.{VERSION}", f"/{layout}/vdpau/libvdpau_nvidia.so.1"),
+    ]
+
+
+def test_discover_driver_merged_usr_takes_each_library_once(tmp_path: Path) -> None:
+    base = tmp_path / "drv"
+    _touch(base / LIBDIR / f"libcuda.so.{VERSION}")
+    (base / "lib").symlink_to("usr/lib")  # merged /usr: lib/x86_64-linux-gnu is the same folder
+    files, _ = cdi.discover_driver(HostPaths(root=tmp_path, driver_root="/drv"), VERSION)
+    assert files.libraries == (f"/{LIBDIR}/libcuda.so.{VERSION}",)
+
+
+def test_elf_soname_of_non_libraries(tmp_path: Path) -> None:
+    _touch(tmp_path / "empty")
+    _touch(tmp_path / "text", "not an ELF file\n")
+    (tmp_path / "trunc").write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 20)
+    for name in ("empty", "text", "trunc", "absent"):
+        assert cdi.elf_soname(tmp_path / name) is None
 
 
 def test_discover_driver_wrong_version_finds_no_libraries(tmp_path: Path) -> None:
     fake_driver(tmp_path)
-    files, warnings = cdi.discover_driver(HostPaths(root=tmp_path, driver_root="/run/nvidia/driver"), "999.1")
+    files, _ = cdi.discover_driver(HostPaths(root=tmp_path, driver_root="/run/nvidia/driver"), "999.1")
     assert files.libraries == ()
     assert files.symlinks == ()
-    assert warnings
+    assert files.libcuda_dir == ""
 
 
 def test_read_mig_cap_minors_prefers_the_capability_files(tmp_path: Path) -> None:
