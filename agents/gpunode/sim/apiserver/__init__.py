@@ -18,6 +18,11 @@ What it does the way the real apiserver does:
   resourceVersion: Leases get their optimistic concurrency from this), PATCH (merge, strategic merge -
   415 for custom resources -, JSON patch, server-side apply; a write that changes nothing writes
   nothing), DELETE, and eviction; every error body is a `Status` with the real reason, code and message.
+- Paginated lists: `limit` returns at most that many matching items and, while objects remain,
+  `metadata.continue` (the apiserver's token: base64 of its version, resourceVersion and start key) and,
+  without selectors, `remainingItemCount`; `continue` reads on as of the first page's resourceVersion (a
+  consistent snapshot), 400 for a token that is not one (or with a resourceVersion), 410 Expired once its
+  snapshot is gone (`list_snapshots` kept, least recently used first out; `compact()` drops them all).
 - The /status subresource for DaemonSets, Deployments, CRDs and custom resources whose version declares
   `subresources.status`: writes through /status change only status; writes through the main resource
   keep the old status (and a create drops it). metadata.generation starts at 1 and is bumped by every
@@ -39,7 +44,9 @@ What it does the way the real apiserver does:
   tolerations (plus the controller's own node.kubernetes.io/* ones) tolerate; a pod goes when its node
   stops matching or gets an untolerated NoExecute taint. A ControllerRevision per template; a template
   change rolls out (RollingUpdate, maxUnavailable honoured; OnDelete leaves old pods). Status carries
-  desired/current/updated/misscheduled/ready/available counts and observedGeneration. Daemon pods start
+  desired/current/updated/misscheduled/ready/available counts and observedGeneration. Pods are indexed by
+  owner and node and each node's share of the counts is kept, so a node or pod write examines that node
+  only: O(DaemonSets) per write (a template change examines every node). Daemon pods start
   Running (no kubelet needed; `daemon_pod_phase = "Pending"` leaves them unready until patched); an
   optional pod deletion delay (`pod_deletion_delay`) keeps a deleted pod terminating
   (metadata.deletionTimestamp set) for a while. Deployments get a status with every replica available.
@@ -47,15 +54,16 @@ What it does the way the real apiserver does:
   watch streams, forgetting history. Counters: `requests` (every request), `request_counts`
   ((verb, resource) -> served), `apply_conflicts`, `gc_deletions`, `watches_opened`.
 
-What it deliberately does not do: admission (no defaulting beyond uid/timestamps/resourceVersion/
-generation and a Pending phase for new pods, no validation beyond names and CRD structure, no OpenAPI
-schema validation or pruning of custom resources), authentication or authorization beyond one optional
-bearer token and `forbid()`, pagination (`limit`/`continue` are ignored), namespace existence checks,
-finalizers, foreground deletion (treated as background), a /status subresource for Nodes and Pods (their
-main resource may change status), list merging by key in strategic merge patches and apply (lists are
-replaced whole), conversion webhooks, node affinity in DaemonSet scheduling, revision history limits,
-Deployments' ReplicaSets and pods (a Deployment's status simply reports
-every replica available), protobuf, and YAML request bodies.
+What it deliberately does not do: admission (no defaulting beyond uid/timestamps/resourceVersion/generation
+and a Pending phase for new pods, no validation beyond names and CRD structure, no OpenAPI schema validation
+or pruning of custom resources), authentication or authorization beyond one optional bearer token and
+`forbid()`, the inconsistent-continuation token a 410 for a stale continue carries, ignoring `limit` for
+`resourceVersion=0` lists (the real one serves those whole from its cache), namespace existence checks,
+finalizers, foreground deletion (treated as background), a /status subresource for Nodes and Pods (their main
+resource may change status), list merging by key in strategic merge patches and apply (lists are replaced
+whole), conversion webhooks, node affinity in DaemonSet scheduling, revision history limits, Deployments'
+ReplicaSets and pods (a Deployment's status simply reports every replica available), protobuf, and YAML
+request bodies.
 
 Standard library only (and `gpunode.kube.selectors`, the label-selector parser the agents use, itself
 standard library only): a `ThreadingHTTPServer` whose handler threads share one lock and condition.

@@ -22,7 +22,6 @@ The model (documented in the package docstring too):
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -352,14 +351,45 @@ def apply(
     return result
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON: unlike ``==``, ``true``, ``1`` and ``1.0`` differ (dict key order does not matter)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def same_ignoring_time(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two objects differ at most in their managedFields' timestamps."""
-
-    def norm(obj: Mapping[str, Any]) -> str:
-        clone = copy.deepcopy(dict(obj))
-        for entry in (clone.get("metadata") or {}).get("managedFields") or []:
-            if isinstance(entry, dict):
-                entry.pop("time", None)
-        return json.dumps(clone, sort_keys=True)
-
-    return norm(a) == norm(b)
+    """Whether two objects differ at most in their managedFields' timestamps (compared in place: no copy,
+    as the controllers' status writes run this for every node write)."""
+    if a.keys() != b.keys():
+        return False
+    for key, value in a.items():
+        if key != "metadata":
+            if not same_json(value, b[key]):
+                return False
+            continue
+        meta_a, meta_b = value, b[key]
+        if not (isinstance(meta_a, dict) and isinstance(meta_b, dict)):
+            if not same_json(meta_a, meta_b):
+                return False
+            continue
+        if meta_a.keys() != meta_b.keys():
+            return False
+        for name, item in meta_a.items():
+            other = meta_b[name]
+            if name == "managedFields" and isinstance(item, list) and isinstance(other, list):
+                if len(item) != len(other):
+                    return False
+                for x, y in zip(item, other, strict=True):
+                    if isinstance(x, dict) and isinstance(y, dict):
+                        x = {k: v for k, v in x.items() if k != "time"}
+                        y = {k: v for k, v in y.items() if k != "time"}
+                    if not same_json(x, y):
+                        return False
+            elif not same_json(item, other):
+                return False
+    return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import bisect
 import contextlib
 import copy
 import json
@@ -12,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -385,13 +387,43 @@ class _StallRule:
     path_contains: str | None
 
 
+# What one node contributes to a DaemonSet's status: the indexes of _DaemonState.totals.
+_DESIRED, _SCHEDULED, _READY, _UPDATED, _MISSCHEDULED, _OUTDATED = range(6)
+
+
 @dataclass
 class _DaemonState:
-    """What the controller remembers of one DaemonSet beyond the object."""
+    """What the controller remembers of one DaemonSet beyond the object.
+
+    `views` holds, per node, what it contributes to the status and the rollout (desired, scheduled,
+    ready, updated, misscheduled, outdated pods) for the template whose hash is `view_hash`; `totals`
+    their sums; `outdated` the nodes with outdated pods. A node's view is recomputed when the node or one
+    of the DaemonSet's pods on it changes, every view when the template changes, so a write costs
+    O(DaemonSets), not O(nodes x pods)."""
 
     recreate: bool = True  # False: a node gets a pod only the first time it matches
     plain: bool = False  # add_daemonset's: pods carry only the template's labels
     placed: set[str] = field(default_factory=set)
+    hash_generation: int | None = None  # the generation `template_hash` was computed for
+    template_hash: str = ""
+    view_hash: str | None = None
+    views: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    totals: list[int] = field(default_factory=lambda: [0] * 6)
+    outdated: set[str] = field(default_factory=set)
+
+    def set_view(self, node: str, view: tuple[int, ...] | None) -> None:
+        old = self.views.pop(node, None)
+        if old is not None:
+            for i, n in enumerate(old):
+                self.totals[i] -= n
+        if view is not None and any(view):
+            self.views[node] = view
+            for i, n in enumerate(view):
+                self.totals[i] += n
+        if view is not None and view[_OUTDATED]:
+            self.outdated.add(node)
+        else:
+            self.outdated.discard(node)
 
 
 @dataclass
@@ -520,6 +552,54 @@ def _max_unavailable(value: Any, desired: int) -> int:
     return max(1, int(value)) if isinstance(value, int) else 1
 
 
+_CONTINUE_EXPIRED = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new "
+    "list without the continue parameter."
+)
+
+
+def _list_options(query: Mapping[str, str]) -> tuple[int, str]:
+    """`limit` (0: none) and `continue` of a list request; 400 for what the apiserver refuses."""
+    raw = query.get("limit", "")
+    try:
+        limit = int(raw) if raw else 0
+    except ValueError:
+        raise _bad_request(f'limit: Invalid value: "{raw}": not an integer') from None
+    token = query.get("continue", "")
+    if token and query.get("resourceVersion", "") not in ("", "0"):
+        raise _bad_request("specifying resource version is not allowed when using continue")
+    return max(0, limit), token
+
+
+def _encode_continue(rv: int, last: tuple[str, str]) -> str:
+    """The apiserver's token: unpadded URL-safe base64 of {"v", "rv", "start"}, start being the key
+    after the last object read."""
+    key = f"{last[0]}/{last[1]}" if last[0] else last[1]
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": key + "\x00"}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_continue(token: str, rt: ResourceType) -> tuple[int, tuple[str, str]]:
+    """(resourceVersion, the last key read) of a continue token; 400 when it is not one."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (ValueError, TypeError):
+        raise _bad_request("continue key is not valid: illegal base64 data or JSON") from None
+    if not isinstance(data, dict) or data.get("v") != "meta.k8s.io/v1":
+        raise _bad_request("continue key is not valid: server does not recognize this encoded key")
+    rv, start = data.get("rv"), data.get("start")
+    if not isinstance(rv, int) or isinstance(rv, bool) or rv <= 0:
+        raise _bad_request("continue key is not valid: incorrect encoded start resourceVersion")
+    if not isinstance(start, str) or not start.endswith("\x00"):
+        raise _bad_request("continue key is not valid: incorrect encoded start key")
+    namespace, _, name = start[:-1].rpartition("/")
+    if rt.namespaced != bool(namespace):
+        raise _bad_request(
+            "continue key is not valid: the start key does not name an object of this resource"
+        )
+    return rv, (namespace, name)
+
+
 def _field_manager(query: Mapping[str, str], user_agent: str | None) -> str:
     """?fieldManager=, else the User-Agent up to its first `/` (what the real server infers)."""
     return query.get("fieldManager") or (user_agent or "").split("/")[0].strip() or "unknown"
@@ -566,10 +646,20 @@ class FakeApiServer:
         self._forbidden: set[tuple[str, str]] = set()
         self._ds_state: dict[str, _DaemonState] = {}  # by DaemonSet uid
         self._ds_presets: dict[tuple[str, str], _DaemonState] = {}  # add_daemonset's, until first sync
-        self._ds_dirty = False
+        self._ds_dirty = False  # another round of the DaemonSet controller is due
+        self._ds_dirty_nodes: set[str] = set()  # nodes whose daemon pods that round looks at
+        self._ds_everywhere = False  # ... or every node
+        # pods by owner uid, then node name, then key: what the DaemonSet controller looks up
+        self._owned_pods: dict[str, dict[str, dict[tuple[str, str], JsonObj]]] = {}
         self._pod_hashes: dict[str, str] = {}  # daemon pod uid -> its template hash
         self._referenced: Counter[str] = Counter()  # uid -> how many ownerReferences name it
         self._crd_registered: dict[str, list[tuple[str, str, str]]] = {}
+        # Paginated lists: (resource, namespace, resourceVersion) -> the objects then, in key order. A
+        # continue token reads the rest of its list from here; one evicted (or compacted) gets 410.
+        self._snapshots: OrderedDict[tuple[str, str | None, int], list[tuple[tuple[str, str], JsonObj]]] = (
+            OrderedDict()
+        )
+        self.list_snapshots = 16  # how many paginated lists can be continued at once
         # counters
         self.request_counts: Counter[tuple[str, str]] = Counter()  # (verb, resource) -> requests served
         self.apply_conflicts = 0  # server-side applies refused with 409 (a field owned by another manager)
@@ -946,6 +1036,7 @@ class FakeApiServer:
         with self._lock:
             self._events.clear()
             self._horizon = self._rv
+            self._snapshots.clear()
 
     # -- store primitives (callers hold the lock) --------------------------------------------------------
 
@@ -1000,12 +1091,21 @@ class FakeApiServer:
         if rt.key == CRDS.key:
             self._register_crd(obj)
         elif rt is NODES:
-            self._reconcile_daemonsets(obj["metadata"]["name"])
+            self._reconcile_daemonsets((obj["metadata"]["name"],))
         elif rt is PODS:
+            self._index_pod(old, -1)
+            self._index_pod(obj, +1)
             if self._ds_owner(obj) is not None:
-                self._reconcile_daemonsets((obj.get("spec") or {}).get("nodeName") or None)
+                node = (obj.get("spec") or {}).get("nodeName")
+                self._reconcile_daemonsets((node,) if isinstance(node, str) and node else ())
         elif rt is DAEMONSETS:
-            self._reconcile_daemonsets()
+            # a spec change (the template) re-examines every node; a status or metadata write only the status
+            everywhere = (
+                old is None
+                or _spec_part(obj) != _spec_part(old)
+                or ("deletionTimestamp" in obj["metadata"]) != ("deletionTimestamp" in old["metadata"])
+            )
+            self._reconcile_daemonsets(everywhere=everywhere)
         elif rt is DEPLOYMENTS:
             self._deployment_status(obj)
         return obj
@@ -1021,10 +1121,12 @@ class FakeApiServer:
         if rt is PODS:
             self._pending_deletions.pop(key, None)
             self._pod_hashes.pop(uid, None)
+            self._index_pod(old, -1)
             if self._ds_owner(final) is not None:
-                self._reconcile_daemonsets((final.get("spec") or {}).get("nodeName"))
+                node = (final.get("spec") or {}).get("nodeName")
+                self._reconcile_daemonsets((node,) if isinstance(node, str) and node else ())
         elif rt is NODES:
-            self._reconcile_daemonsets(key[1])
+            self._reconcile_daemonsets((key[1],))
         elif rt is DAEMONSETS:
             self._ds_state.pop(uid, None)
         elif rt.key == CRDS.key:
@@ -1334,7 +1436,8 @@ class FakeApiServer:
         applied_fields = copy.deepcopy(new.get("metadata", {}).get("managedFields")) if managed else None
         if rt.status and subresource == "status":
             status = new.get("status")
-            new = copy.deepcopy(old)
+            # stored objects are never mutated: the new one shares all but its metadata's top level
+            new = {**old, "metadata": dict(old["metadata"])}
             if status is None:
                 new.pop("status", None)
             else:
@@ -1554,18 +1657,46 @@ class FakeApiServer:
         namespace: str | None,
         labels: LabelSelector,
         fields: tuple[FieldRequirement, ...],
+        *,
+        limit: int = 0,
+        token: str = "",
     ) -> JsonObj:
+        """A list, or with `limit` one page of it: at most `limit` matching items, then
+        metadata.continue (and, without selectors, remainingItemCount) while objects remain; `token`
+        (a continue token) reads on from the page before, as of that page's resourceVersion."""
         probe = _Watch(rt, namespace, labels, fields, None)
         with self._lock:
-            items = [
-                _as_version(rt, obj) for _, obj in sorted(self._bucket(rt).items()) if probe.visible(obj)
-            ]
-            return {
-                "kind": f"{rt.kind}List",
-                "apiVersion": rt.api_version,
-                "metadata": {"resourceVersion": str(self._rv)},
-                "items": items,
-            }
+            if token:
+                rv, start = _decode_continue(token, rt)
+                snapshot = self._snapshots.get((rt.key, namespace, rv))
+                if snapshot is None:
+                    raise ApiError(410, "Expired", _CONTINUE_EXPIRED)
+                self._snapshots.move_to_end((rt.key, namespace, rv))
+                position = bisect.bisect_right(snapshot, start, key=lambda item: item[0])
+            else:
+                rv = self._rv
+                snapshot = [
+                    (key, obj)
+                    for key, obj in sorted(self._bucket(rt).items())
+                    if namespace is None or key[0] == namespace
+                ]
+                position = 0
+            items: list[JsonObj] = []
+            while position < len(snapshot) and (limit <= 0 or len(items) < limit):
+                obj = snapshot[position][1]
+                position += 1
+                if probe.visible(obj):
+                    items.append(_as_version(rt, obj))
+            meta: JsonObj = {"resourceVersion": str(rv)}
+            if limit > 0 and position < len(snapshot):
+                meta["continue"] = _encode_continue(rv, snapshot[position - 1][0])
+                if not labels.terms and not fields:
+                    meta["remainingItemCount"] = len(snapshot) - position
+                self._snapshots[(rt.key, namespace, rv)] = snapshot
+                self._snapshots.move_to_end((rt.key, namespace, rv))
+                while len(self._snapshots) > max(1, self.list_snapshots):
+                    self._snapshots.popitem(last=False)
+            return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta, "items": items}
 
     # -- controllers ---------------------------------------------------------------------------------
 
@@ -1593,41 +1724,67 @@ class FakeApiServer:
                     return ds
         return None
 
-    def _reconcile_daemonsets(self, node_name: str | None = None) -> None:
+    def _index_pod(self, pod: JsonObj | None, sign: int) -> None:
+        """Add (+1) or remove (-1) a pod in the by-owner-and-node index."""
+        if pod is None:
+            return
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        key = _key(pod)
+        for ref in pod["metadata"].get("ownerReferences") or []:
+            if not isinstance(ref, dict) or not isinstance(ref.get("uid"), str):
+                continue
+            by_node = self._owned_pods.setdefault(ref["uid"], {})
+            if sign > 0:
+                by_node.setdefault(node, {})[key] = pod
+                continue
+            pods = by_node.get(node)
+            if pods is not None and pods.get(key) is pod:
+                del pods[key]
+                if not pods:
+                    del by_node[node]
+            if not by_node:
+                del self._owned_pods[ref["uid"]]
+
+    def _pods_of(self, ds: JsonObj, node: str) -> list[JsonObj]:
+        """The DaemonSet's pods (by ownerReference) bound to one node, in key order."""
+        namespace = ds["metadata"].get("namespace") or ""
+        pods = self._owned_pods.get(str(ds["metadata"].get("uid")), {}).get(node, {})
+        return [pod for key, pod in sorted(pods.items()) if key[0] == namespace]
+
+    def _reconcile_daemonsets(self, nodes: Iterable[str] = (), *, everywhere: bool = False) -> None:
         """Run the DaemonSet controller until nothing changes: place and remove pods (node selector,
-        taints vs tolerations), roll out template changes, record ControllerRevisions, write status."""
+        taints vs tolerations), roll out template changes, record ControllerRevisions, write status.
+
+        `nodes`: the nodes whose node object or daemon pods changed (only they are examined);
+        `everywhere`: every node. Writes made meanwhile (the controller's own included) add theirs and
+        bring another round."""
+        self._ds_dirty_nodes.update(nodes)
+        self._ds_everywhere = self._ds_everywhere or everywhere
+        self._ds_dirty = True
         if self._reconciling:
-            self._ds_dirty = True
             return
         if not self._bucket(DAEMONSETS):
+            self._ds_dirty, self._ds_everywhere = False, False
+            self._ds_dirty_nodes.clear()
             return
         self._reconciling = True
         try:
             for _ in range(10_000):
-                self._ds_dirty = False
+                if not self._ds_dirty:
+                    break
+                names = None if self._ds_everywhere else sorted(self._ds_dirty_nodes)
+                self._ds_dirty, self._ds_everywhere = False, False
+                self._ds_dirty_nodes = set()
                 for key in sorted(self._bucket(DAEMONSETS)):
                     ds = self._bucket(DAEMONSETS).get(key)
                     if ds is not None:
-                        self._sync_daemonset(ds, node_name)
+                        self._sync_daemonset(ds, names)
                 for key in sorted(self._bucket(DAEMONSETS)):
                     ds = self._bucket(DAEMONSETS).get(key)
                     if ds is not None:
                         self._daemonset_status(ds)
-                if not self._ds_dirty:
-                    break
         finally:
             self._reconciling = False
-
-    def _daemon_pods(self, ds: JsonObj) -> dict[str, list[JsonObj]]:
-        uid = ds["metadata"].get("uid")
-        namespace = ds["metadata"].get("namespace") or ""
-        by_node: dict[str, list[JsonObj]] = {}
-        for (pod_namespace, _), pod in sorted(self._store["pods"].items()):
-            if pod_namespace != namespace:
-                continue
-            if any(ref.get("uid") == uid for ref in pod["metadata"].get("ownerReferences") or []):
-                by_node.setdefault((pod.get("spec") or {}).get("nodeName") or "", []).append(pod)
-        return by_node
 
     def _pod_hash(self, pod: JsonObj) -> str | None:
         uid = str(pod["metadata"].get("uid"))
@@ -1635,9 +1792,21 @@ class FakeApiServer:
             "controller-revision-hash"
         )
 
-    def _ds_revision(self, ds: JsonObj, template: JsonObj) -> str:
-        """The current template's hash; its ControllerRevision created (or renumbered) as needed."""
-        current = template_hash(template)
+    def _ds_state_of(self, ds: JsonObj) -> _DaemonState:
+        meta = ds["metadata"]
+        uid = str(meta.get("uid"))
+        state = self._ds_state.get(uid)
+        if state is None:
+            state = self._ds_presets.pop((meta.get("namespace") or "", meta["name"]), None) or _DaemonState()
+            self._ds_state[uid] = state
+        generation = int(meta.get("generation") or 1)
+        if state.hash_generation != generation:  # the template changes only with the generation
+            state.template_hash = template_hash((ds.get("spec") or {}).get("template") or {})
+            state.hash_generation = generation
+        return state
+
+    def _ds_revision(self, ds: JsonObj, template: JsonObj, current: str) -> None:
+        """The current template's ControllerRevision, created (or renumbered) as needed."""
         meta = ds["metadata"]
         namespace, uid = meta.get("namespace") or "", meta.get("uid")
         bucket = self._bucket(CONTROLLER_REVISIONS)
@@ -1672,54 +1841,44 @@ class FakeApiServer:
             self._commit(
                 CONTROLLER_REVISIONS, existing, renumbered, dry_run=False, manager=CONTROLLER_MANAGER
             )
-        return current
 
-    def _sync_daemonset(self, ds: JsonObj, node_name: str | None) -> None:
+    def _sync_daemonset(self, ds: JsonObj, names: list[str] | None) -> None:
+        """One DaemonSet on `names` (None: every node): place and remove pods, refresh the nodes' views,
+        then roll out outdated pods within maxUnavailable."""
         meta = ds["metadata"]
-        if "deletionTimestamp" in meta:
-            return
-        uid = str(meta.get("uid"))
-        state = self._ds_state.get(uid)
-        if state is None:
-            state = self._ds_presets.pop((meta.get("namespace") or "", meta["name"]), None) or _DaemonState()
-            self._ds_state[uid] = state
+        state = self._ds_state_of(ds)
+        current = state.template_hash
         spec = ds.get("spec") or {}
         template = spec.get("template") or {}
         pod_spec = template.get("spec") or {}
-        current = self._ds_revision(ds, template)
         nodes = self._store["nodes"]
-        names = [node_name] if node_name else [key[1] for key in sorted(nodes)]
-        by_node = self._daemon_pods(ds)
+        if state.view_hash != current:  # a new template (or a new DaemonSet): every node anew
+            state.view_hash, state.views, state.totals, state.outdated = current, {}, [0] * 6, set()
+            names = None
+        if names is None:
+            names = [key[1] for key in sorted(nodes)]
+            for gone in [n for n in state.views if ("", n) not in nodes]:
+                state.set_view(gone, None)
+        terminating = "deletionTimestamp" in meta
+        if not terminating:
+            self._ds_revision(ds, template, current)
         for name in names:
             node = nodes.get(("", name))
-            pods = by_node.get(name, [])
-            place, keep = should_run(pod_spec, node) if node is not None else (False, False)
-            if not keep:
-                for pod in pods:
-                    if "deletionTimestamp" not in pod["metadata"]:
-                        self._delete(PODS, meta["namespace"], pod["metadata"]["name"])
-                continue
-            if pods or not place or (not state.recreate and name in state.placed):
-                continue
-            state.placed.add(name)
-            self._place_pod(ds, state, template, current, name)
+            if not terminating:
+                self._place_or_remove(ds, state, template, current, name, node)
+            state.set_view(name, self._node_view(ds, pod_spec, current, name, node))
         strategy = spec.get("updateStrategy") or {}
-        if (strategy.get("type") or "RollingUpdate") != "RollingUpdate":
+        if terminating or (strategy.get("type") or "RollingUpdate") != "RollingUpdate" or not state.outdated:
             return
-        by_node = self._daemon_pods(ds)
-        desired = 0
-        unavailable = 0
-        outdated: list[JsonObj] = []
-        for (_, name), node in sorted(nodes.items()):
-            place, keep = should_run(pod_spec, node)
-            live = [p for p in by_node.get(name, []) if "deletionTimestamp" not in p["metadata"]]
-            if not (place or (keep and live)):
-                continue
-            desired += 1
-            if not any(pod_ready(p) for p in live):
-                unavailable += 1
-            outdated.extend(p for p in live if self._pod_hash(p) != current)
+        outdated = [
+            pod
+            for name in sorted(state.outdated)
+            for pod in self._pods_of(ds, name)
+            if "deletionTimestamp" not in pod["metadata"] and self._pod_hash(pod) != current
+        ]
+        desired = state.totals[_DESIRED]
         rolling = strategy.get("rollingUpdate") or {}
+        unavailable = desired - state.totals[_READY]
         budget = _max_unavailable(rolling.get("maxUnavailable", 1), desired) - unavailable
         outdated.sort(key=pod_ready)  # the not-ready ones first: replacing them costs nothing
         for pod in outdated:
@@ -1728,6 +1887,47 @@ class FakeApiServer:
             if pod_ready(pod):
                 budget -= 1
             self._delete(PODS, meta["namespace"], pod["metadata"]["name"])
+
+    def _place_or_remove(
+        self,
+        ds: JsonObj,
+        state: _DaemonState,
+        template: JsonObj,
+        current: str,
+        name: str,
+        node: JsonObj | None,
+    ) -> None:
+        pods = self._pods_of(ds, name)
+        pod_spec = template.get("spec") or {}
+        place, keep = should_run(pod_spec, node) if node is not None else (False, False)
+        if not keep:
+            for pod in pods:
+                if "deletionTimestamp" not in pod["metadata"]:
+                    self._delete(PODS, ds["metadata"]["namespace"], pod["metadata"]["name"])
+            return
+        if pods or not place or (not state.recreate and name in state.placed):
+            return
+        state.placed.add(name)
+        self._place_pod(ds, state, template, current, name)
+
+    def _node_view(
+        self, ds: JsonObj, pod_spec: JsonObj, current: str, name: str, node: JsonObj | None
+    ) -> tuple[int, ...] | None:
+        """What one node contributes to the DaemonSet's status (see _DaemonState); None: no node."""
+        if node is None:
+            return None
+        place, keep = should_run(pod_spec, node)
+        live = [p for p in self._pods_of(ds, name) if "deletionTimestamp" not in p["metadata"]]
+        view = [0] * 6
+        if place or (keep and live):
+            view[_DESIRED] = 1
+            view[_SCHEDULED] = int(bool(live))
+            view[_READY] = int(any(pod_ready(p) for p in live))
+            view[_UPDATED] = int(any(self._pod_hash(p) == current for p in live))
+            view[_OUTDATED] = sum(self._pod_hash(p) != current for p in live)
+        elif live:
+            view[_MISSCHEDULED] = 1
+        return tuple(view)
 
     def _place_pod(
         self, ds: JsonObj, state: _DaemonState, template: JsonObj, current: str, node: str
@@ -1788,32 +1988,16 @@ class FakeApiServer:
         ]
         if deployment.get("status") == status:
             return
-        new = copy.deepcopy(deployment)
-        new["status"] = status
+        new = {**deployment, "status": status}  # through /status: _commit takes only the status
         self._commit(
             DEPLOYMENTS, deployment, new, dry_run=False, subresource="status", manager=CONTROLLER_MANAGER
         )
 
     def _daemonset_status(self, ds: JsonObj) -> None:
-        spec = ds.get("spec") or {}
-        template = spec.get("template") or {}
-        pod_spec = template.get("spec") or {}
-        current = template_hash(template)
-        by_node = self._daemon_pods(ds)
-        desired = scheduled = misscheduled = ready = updated = 0
-        for (_, name), node in sorted(self._store["nodes"].items()):
-            place, keep = should_run(pod_spec, node)
-            live = [p for p in by_node.get(name, []) if "deletionTimestamp" not in p["metadata"]]
-            if place or (keep and live):
-                desired += 1
-                if live:
-                    scheduled += 1
-                    if any(pod_ready(p) for p in live):
-                        ready += 1
-                    if any(self._pod_hash(p) == current for p in live):
-                        updated += 1
-            elif live:
-                misscheduled += 1
+        state = self._ds_state_of(ds)
+        if state.view_hash != state.template_hash:  # not synced since its template changed
+            self._sync_daemonset(ds, None)
+        desired, scheduled, ready, updated, misscheduled, _ = state.totals
         status: JsonObj = {
             "currentNumberScheduled": scheduled,
             "desiredNumberScheduled": desired,
@@ -1827,8 +2011,7 @@ class FakeApiServer:
             status["numberUnavailable"] = desired - ready
         if ds.get("status") == status:
             return
-        new = copy.deepcopy(ds)
-        new["status"] = status
+        new = {**ds, "status": status}  # through /status: _commit takes only the status
         self._commit(DAEMONSETS, ds, new, dry_run=False, subresource="status", manager=CONTROLLER_MANAGER)
 
     # -- HTTP ----------------------------------------------------------------------------------------
@@ -1962,7 +2145,8 @@ class FakeApiServer:
                 if requirement.path not in rt.field_labels:
                     raise _bad_request(f"field label not supported: {requirement.path}")
             if verb == "list":
-                return _Reply(200, self._list(rt, t.namespace, labels, fields))
+                limit, token = _list_options(query)
+                return _Reply(200, self._list(rt, t.namespace, labels, fields, limit=limit, token=token))
             return self._open_watch(rt, t.namespace, labels, fields, query, conn)
         if verb == "get":
             assert t.name is not None
