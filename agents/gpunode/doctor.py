@@ -2,11 +2,12 @@
 
     gpunode doctor [--json] [--host-root DIR] [--sim-state FILE] [--mig-config NAME] [...]
 
-Checks, in order: nvml, nouveau, modules, device-nodes, persistence, mig, device-plugin, cdi, runtime,
-labels, exporter, xid. Each one ends ok, warn, fail or skip (a check that does not apply here, such as
-the kubelet's on a machine that is not a Kubernetes node); every warn and fail carries a fix. Exit 0 when
-nothing failed, 1 otherwise, 2 on bad usage. On a simulated node (--simulate / --sim-state) the kernel
-checks (modules, device nodes, nouveau, persistence) look at --host-root only when one is given.
+Checks, in order: nvml, nouveau, modules, device-nodes, persistence, mig, fabric, device-plugin, cdi,
+runtime, labels, exporter, xid. Each one ends ok, warn, fail or skip (a check that does not apply here,
+such as the kubelet's on a machine that is not a Kubernetes node); every warn and fail carries a fix.
+Exit 0 when nothing failed, 1 otherwise, 2 on bad usage. On a simulated node (--simulate / --sim-state)
+the kernel checks (modules, device nodes, nouveau, persistence) look at --host-root only when one is
+given.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ CHECK_NAMES = (
     "device-nodes",
     "persistence",
     "mig",
+    "fabric",
     "device-plugin",
     "cdi",
     "runtime",
@@ -369,6 +371,48 @@ async def _mig_check(opts: DoctorOptions, facts: _Facts, node_labels: NodeLabels
     )
 
 
+FABRIC_FIX = (
+    "the NVLink fabric is trained by the fabric manager (GB200 NVL: nvidia-imex and the NVLink switch "
+    "trays' NVLink Subnet Manager/fabric manager): check `nvidia-smi -q -d FABRIC` (state, status, "
+    "clique), that those services run, and the switch trays and cables; GPUs join the fabric once it trains"
+)
+
+
+async def _fabric_check(facts: _Facts) -> Check:
+    """NVLink fabric registration (GB200 NVL and the like) of every GPU: trained, healthy, one clique."""
+    from gpunode.nvml import errors
+
+    if facts.nvml is None:
+        return Check("fabric", "skip", "NVML unavailable")
+    infos = {}
+    for gpu in facts.gpus:
+        try:
+            info = await facts.nvml.fabric_info(gpu.index)
+        except errors.NvmlError as exc:
+            return Check("fabric", "fail", f"GPU {gpu.index}: fabric info unreadable ({exc})", FABRIC_FIX)
+        if info is not None and info.state != "not-supported":
+            infos[gpu.index] = info
+    if not infos:
+        return Check("fabric", "skip", "no GPU on an NVLink fabric (GB200 NVL and the like)")
+    failed = [f"GPU {i} (status {f.status})" for i, f in infos.items() if f.state == "completed" and f.status]
+    untrained = [f"GPU {i} ({f.state})" for i, f in infos.items() if f.state != "completed"]
+    degraded = [
+        f"GPU {i} ({f.health or 'degraded bandwidth'})"
+        for i, f in infos.items()
+        if f.attached and (f.degraded_bandwidth or f.health in ("unhealthy", "limited-capacity"))
+    ]
+    cliques = sorted({f.clique for f in infos.values() if f.clique is not None})
+    if failed:
+        return Check("fabric", "fail", "fabric registration failed: " + ", ".join(failed), FABRIC_FIX)
+    if len(cliques) > 1:
+        return Check("fabric", "fail", "GPUs disagree on their clique: " + ", ".join(cliques), FABRIC_FIX)
+    if untrained:
+        return Check("fabric", "warn", "fabric not trained yet: " + ", ".join(untrained), FABRIC_FIX)
+    if degraded:
+        return Check("fabric", "warn", "fabric degraded: " + ", ".join(degraded), FABRIC_FIX)
+    return Check("fabric", "ok", f"{len(infos)} GPUs on the NVLink fabric, clique {cliques[0]}")
+
+
 def _plugin_check(opts: DoctorOptions, facts: _Facts) -> Check:
     paths = opts.paths
     if not facts.kube_node:
@@ -598,6 +642,7 @@ async def diagnose(
             _device_nodes_check(opts, facts),
             _persistence_check(opts),
             await _mig_check(opts, facts, node_labels),
+            await _fabric_check(facts),
             _plugin_check(opts, facts),
             _cdi_check(opts, facts, bool(configs.files)),
             _runtime_check(opts, facts, configs),
