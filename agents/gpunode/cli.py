@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpunode", description="GPU node agents and their simulated GPU node"
     )
+    parser.add_argument("--version", action="version", version=f"gpunode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sim = _sim_command(sub, command, "sim")
     demo = sub.add_parser("demo", help="walk through the simulated dgx-a100 node")
