@@ -41,7 +41,24 @@ UPDATE_ENV = "GPUNODE_UPDATE_GOLDEN"
 DRIVER_ROOT = "/run/nvidia/driver"
 VERSION = "550.54.15"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
-PRESETS = ("dgx-a100", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "a30x4", "t4x4", "mixed")
+PRESETS = (
+    "dgx-a100",
+    "dgx-a100-80gb",
+    "dgx-h100",
+    "hgx-h200",
+    "a30x4",
+    "t4x4",
+    "mixed",
+    "dgx-b200",
+    "gb200-nvl4",
+    "h100-nvl",
+    "l4x8",
+    "l40sx4",
+    "a10x4",
+    "a2x2",
+    "mixed-ada-ampere",
+)
+BLACKWELL_VERSION = "570.124.06"  # the Blackwell presets' driver (R570)
 
 
 # ------------------------------------------------------------------------------------- fixtures
@@ -66,18 +83,18 @@ def mig_minors_table(gpus: int = 8) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fake_host(root: Path) -> Path:
+def fake_host(root: Path, version: str = VERSION) -> Path:
     """A host tree: the driver's files under /run/nvidia/driver (libraries of the simulator's driver
     version with their .so links, binaries, firmware, control nodes) and /proc's mig-minors."""
     base = root / DRIVER_ROOT.lstrip("/")
     lib = base / LIBDIR
     for name in ("libnvidia-ml", "libcuda", "libnvidia-ptxjitcompiler", "libnvidia-nvvm", "libnvidia-cfg"):
-        _touch(lib / f"{name}.so.{VERSION}")
-        (lib / f"{name}.so.1").symlink_to(f"{name}.so.{VERSION}")
+        _touch(lib / f"{name}.so.{version}")
+        (lib / f"{name}.so.1").symlink_to(f"{name}.so.{version}")
     (lib / "libcuda.so").symlink_to("libcuda.so.1")
     for binary in ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control"):
         _touch(base / "usr/bin" / binary)
-    _touch(base / f"lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin")
+    _touch(base / f"lib/firmware/nvidia/{version}/gsp_ga10x.bin")
     for node in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         _touch(base / "dev" / node)
     minors = root / "proc/driver/nvidia-caps/mig-minors"
@@ -98,9 +115,9 @@ def env() -> dict[str, str]:
     return out
 
 
-def build_mig_layout(state: Path) -> None:
-    """dgx-a100 with MIG on GPUs 0-3: 7 x 1g.5gb; 3g + 2g + 1g; one 7g; enabled but empty. 4-7 whole."""
-    sim.init_state_file(state, "dgx-a100", force=True)
+def build_mig_layout(state: Path, preset: str = "dgx-a100") -> None:
+    """MIG on GPUs 0-3: 7 x 1g (1g.5gb on dgx-a100); 3g + 2g + 1g; one 7g; enabled but empty. 4-7 whole."""
+    sim.init_state_file(state, preset, force=True)
     layout = {
         0: [mig.GI_1_SLICE] * 7,
         1: [mig.GI_3_SLICE, mig.GI_2_SLICE, mig.GI_1_SLICE],
@@ -127,8 +144,8 @@ def make_state(tmp_path: Path, case: str) -> Path:
     """A shared simulated node for ``case`` with fixed UUIDs: a state file gets a random node id (so
     two files are two nodes); give it the one of ``--simulate PRESET`` so the goldens stay put."""
     state = tmp_path / "node.json"
-    if case == "dgx-a100-mig":
-        build_mig_layout(state)
+    if case.endswith("-mig"):
+        build_mig_layout(state, case.removesuffix("-mig"))
     else:
         sim.init_state_file(state, case, force=True)
     preset = sim.read_state_file(state).preset
@@ -199,11 +216,13 @@ def test_schema_accepts_its_own_example_and_rejects_a_bad_spec() -> None:
     assert list(v.iter_errors(bad))
 
 
-@pytest.mark.parametrize("case", [*PRESETS, "dgx-a100-mig"])
+@pytest.mark.parametrize("case", [*PRESETS, "dgx-a100-mig", "dgx-b200-mig"])
 def test_generate_matches_schema_and_golden(
     case: str, tmp_path: Path, host: Path, env: dict[str, str]
 ) -> None:
     state = make_state(tmp_path, case)
+    if case.startswith(("dgx-b200", "gb200")):  # R570: the host carries that driver's files
+        host = fake_host(tmp_path / "host-r570", BLACKWELL_VERSION)
     out = tmp_path / "cdi" / "nvidia.yaml"
     proc = generate(state, host, out, env)
     assert proc.returncode == 0, proc.stderr
