@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from gpunode.nvml import mig
+from gpunode.sim import hosttree
 from gpunode.sim.nvml import codes
 from gpunode.sim.nvml.node import SimNode, init_state_file
 from gpunode.sim.nvml.presets import PRESETS, UnknownPreset, get_preset, preset_names
@@ -46,6 +47,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("preset", help="one of: " + ", ".join(preset_names()))
     q.add_argument("--seed", type=int, default=0, help="telemetry seed (default 0)")
     q.add_argument("--force", action="store_true", help="replace an existing state file")
+    q.add_argument(
+        "--host-root",
+        type=Path,
+        metavar="DIR",
+        help="also lay down the node's /sys, /proc and /dev under DIR (kept in step with MIG changes)",
+    )
+    q.add_argument(
+        "--imex-channel",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="with --host-root: also the IMEX channel node /dev/nvidia-caps-imex-channels/channelN",
+    )
     q = with_state(s.add_parser("show", help="inventory, MIG layout, faults and recent events"))
     q.add_argument("--json", action="store_true", help="print the state as JSON")
     q = with_gpu(with_state(s.add_parser("xid", help="inject an XID event")))
@@ -94,8 +109,19 @@ def _run(args: argparse.Namespace) -> int:
     path: Path = args.state
     if cmd == "init":
         get_preset(args.preset)
+        root: Path | None = args.host_root
+        if root is None and args.imex_channel:
+            raise UsageError("--imex-channel needs --host-root (the channel nodes live in the host tree)")
+        if root is not None and root.exists() and not root.is_dir():
+            raise UsageError(f"--host-root {root} is not a directory")
+        if any(not 0 <= c < 2048 for c in args.imex_channel):
+            raise UsageError("--imex-channel: IMEX channels are 0-2047")
         state = init_state_file(path, args.preset, seed=args.seed, force=args.force)
         print(f"created {path}: {state.preset}, {len(state.gpus)} GPUs")
+        if root is not None:
+            hosttree.build(root, state, imex_channels=args.imex_channel)
+            hosttree.link(path, root)
+            print(f"host tree at {root}: /sys, /proc/driver/nvidia, /proc/devices and /dev of the node")
         return 0
     node = SimNode.open(path)
     if cmd == "show":

@@ -3,6 +3,8 @@
 Sharing: every NVML call first checks (one `stat`) whether the file changed and reloads it if so; every
 change takes an exclusive `flock` on `<file>.lock`, re-reads, applies, and replaces the file atomically.
 So a change one process makes is visible to the others on their next call, and writers never corrupt it.
+A host tree linked to the state file (``gpunode sim init --host-root``) follows every change's MIG layout
+(:func:`gpunode.sim.hosttree.follow`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpunode.common.atomic import atomic_write
+from gpunode.sim import hosttree
 from gpunode.sim.nvml.state import SimNodeState, StateError
 
 
@@ -105,6 +108,7 @@ class SimNode:
                     write_state_file(self.path, fresh)
                     self.state = fresh
                     self._stamp = self._stat()
+                    hosttree.follow(self.path, fresh)  # a linked host tree's MIG capabilities follow
             self.changed.notify_all()
 
 
