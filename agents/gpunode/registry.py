@@ -45,6 +45,7 @@ AGENTS: tuple[AgentEntry, ...] = (
     AgentEntry("mig-manager", "gpunode-mig-manager", "gpunode.mig.manager_cli", "mig-manager"),
     AgentEntry("mig", "gpunode-mig", "gpunode.mig.cli"),
     AgentEntry("validator", "gpunode-validator", "gpunode.validator.cli"),
+    AgentEntry("mps-control-daemon", "gpunode-mps-control-daemon", "gpunode.mps.cli"),
     # the cluster-side controller; its module is in the rendering layer (it reconciles with render's code)
     AgentEntry("operator", "gpunode-operator", "gpunode.deploy.operator_cli"),
 )

@@ -36,17 +36,22 @@ Values in every form NVIDIA's files use: booleans also as strings (``"true"``), 
 strategy as a list or one (comma-separated) string, ``flags.gfd`` values as numbers or strings (read by
 the feature discovery's settings).
 
-Not implemented, and said so rather than ignored: MPS sharing (``sharing.mps`` is parsed and then
-rejected with ``sharing.mps: MPS sharing is not supported yet; use timeSlicing``).
+MPS sharing (``sharing.mps``, the same shape as ``timeSlicing``) as NVIDIA's plugin reads it: when set it
+wins over ``timeSlicing`` (ignored, with a warning), ``failRequestsGreaterThanOne`` is always true, and
+``rename`` / ``devices`` follow the same rule as under time-slicing (ignored unless
+``flags.gpunode.timeSlicingExtensions``). NVIDIA's refusal is kept: MPS with ``flags.migStrategy:
+mixed`` (and, found when the devices are built, MPS on MIG devices) is an error naming the path. The
+per-client limits and the control daemon's paths are in :mod:`gpunode.api.mps`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from gpunode.api.plugin_types import (
+    MPS_MIXED_REFUSAL,
     AllocationPolicy,
     DeviceIdStrategy,
     DeviceSelection,
@@ -206,17 +211,10 @@ class ReplicatedResourcesConfig(ConfigModel):
 
 
 class SharingConfig(ConfigModel):
-    """``sharing``: time-slicing (supported) or MPS (parsed, then rejected)."""
+    """``sharing``: time-slicing or MPS (MPS wins when both are set, as in NVIDIA's plugin)."""
 
     time_slicing: ReplicatedResourcesConfig | None = None
     mps: ReplicatedResourcesConfig | None = None
-
-    @field_validator("mps")
-    @classmethod
-    def _mps(cls, value: ReplicatedResourcesConfig | None) -> ReplicatedResourcesConfig | None:
-        if value is not None:
-            raise ValueError("MPS sharing is not supported yet; use timeSlicing")
-        return value
 
 
 class ImexConfig(ConfigModel):
@@ -247,6 +245,15 @@ class PluginConfig(ConfigModel):
     def _empty_version(cls, value: Any) -> Any:
         return "v1" if value in ("", None) else value
 
+    @field_validator("sharing")
+    @classmethod
+    def _mps_strategy(cls, value: SharingConfig, info: ValidationInfo) -> SharingConfig:
+        """NVIDIA's refusal: MPS sharing with the ``mixed`` MIG strategy."""
+        flags = info.data.get("flags")
+        if value.mps is not None and isinstance(flags, Flags) and flags.mig_strategy == "mixed":
+            raise ValueError(MPS_MIXED_REFUSAL)
+        return value
+
     @property
     def extensions(self) -> bool:
         """``flags.gpunode.timeSlicingExtensions``: gpunode's ``resources`` / ``rename`` / ``devices``."""
@@ -254,13 +261,16 @@ class PluginConfig(ConfigModel):
         return bool(own is not None and own.time_slicing_extensions)
 
     def time_slicing(self) -> TimeSlicing | None:
-        """The effective ``sharing.timeSlicing`` settings; ``None`` when the file sets none.
+        """The effective sharing settings: ``sharing.mps`` when set (``strategy="mps"``, as NVIDIA's
+        plugin, which then ignores ``timeSlicing``), else ``sharing.timeSlicing``; ``None`` for neither.
 
         Without the extension, as NVIDIA's plugin: every entry shares all devices of its resource under
         the default name (``renameByDefault`` still gives ``<name>.shared``); entries that then name
         the same resource count once, with the most replicas (NVIDIA's replicas of one device overlap).
+        Under MPS ``failRequestsGreaterThanOne`` is always true (NVIDIA forces it).
         """
-        ts = self.sharing.time_slicing
+        mps = self.sharing.mps
+        ts = mps if mps is not None else self.sharing.time_slicing
         if ts is None:
             return None
         if self.extensions:
@@ -275,8 +285,9 @@ class PluginConfig(ConfigModel):
             shared = tuple(SharedResource(name=name, replicas=replicas) for name, replicas in most.items())
         return TimeSlicing(
             rename_by_default=ts.rename_by_default,
-            fail_requests_greater_than_one=bool(ts.fail_requests_greater_than_one),
+            fail_requests_greater_than_one=mps is not None or bool(ts.fail_requests_greater_than_one),
             resources=shared,
+            strategy="mps" if mps is not None else "time-slicing",
         )
 
     def resource_patterns(self) -> tuple[tuple[ResourcePattern, ...], tuple[ResourcePattern, ...]]:
@@ -296,19 +307,27 @@ class PluginConfig(ConfigModel):
         out: list[str] = []
         if self.resources.gpus or self.resources.mig:
             out.append("Customizing the 'resources' field is not yet supported in the config. Ignoring...")
-        ts = self.sharing.time_slicing
-        if ts is not None:
+        for section, ts in (("timeSlicing", self.sharing.time_slicing), ("mps", self.sharing.mps)):
+            if ts is None:
+                continue
             if any(r.rename is not None and r.rename != _default_shared(r.name, ts) for r in ts.resources):
                 out.append(
-                    "Setting the 'rename' field in sharing.timeSlicing.resources is not yet supported "
+                    f"Setting the 'rename' field in sharing.{section}.resources is not yet supported "
                     "in the config. Ignoring..."
                 )
             if any(r.devices != "all" for r in ts.resources):
                 out.append(
-                    "Customizing the 'devices' field in sharing.timeSlicing.resources is not yet "
+                    f"Customizing the 'devices' field in sharing.{section}.resources is not yet "
                     "supported in the config. Ignoring..."
                 )
         return tuple(out)
+
+    def overridden_fields(self) -> tuple[str, ...]:
+        """What the file sets that another part of it overrides (logged as warnings, whatever the
+        extension): ``sharing.timeSlicing`` next to ``sharing.mps``, which wins as in NVIDIA's plugin."""
+        if self.sharing.mps is not None and self.sharing.time_slicing is not None:
+            return ("sharing.timeSlicing is ignored: sharing.mps is set and MPS sharing wins",)
+        return ()
 
 
 def _default_shared(name: str, ts: ReplicatedResourcesConfig) -> str | None:

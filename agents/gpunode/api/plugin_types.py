@@ -20,6 +20,7 @@ __all__ = [
     "DISCOVERY_STRATEGIES",
     "MAX_RESOURCE_NAME",
     "MIG_STRATEGIES",
+    "MPS_MIXED_REFUSAL",
     "RESOURCE_PREFIX",
     "AllocationPolicy",
     "DeviceIdStrategy",
@@ -28,6 +29,7 @@ __all__ = [
     "MigStrategy",
     "ResourcePattern",
     "SharedResource",
+    "SharingStrategy",
     "TimeSlicing",
     "normalize_resource_name",
     "parse_device_list_strategy",
@@ -181,10 +183,31 @@ class SharedResource:
     rename: str | None = None
 
 
+#: NVIDIA refuses MPS sharing with the mixed MIG strategy (the file's or the command line's).
+MPS_MIXED_REFUSAL = (
+    "MPS sharing (sharing.mps) is not supported with mig-strategy mixed; use mig-strategy none or "
+    "single on GPUs without MIG, or share with sharing.timeSlicing"
+)
+
+#: NVIDIA's sharing strategies (``nvidia.com/gpu.sharing-strategy`` values for shared resources).
+SharingStrategy = Literal["time-slicing", "mps"]
+
+
 @dataclass(frozen=True)
 class TimeSlicing:
-    """The effective time-slicing settings."""
+    """The effective sharing settings: time-slicing, or MPS (``strategy="mps"``, from ``sharing.mps``:
+    the same replicas, each client capped by the MPS control daemon, see :mod:`gpunode.api.mps`)."""
 
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
     resources: tuple[SharedResource, ...] = ()
+    strategy: SharingStrategy = "time-slicing"
+
+    @property
+    def mps(self) -> bool:
+        return self.strategy == "mps"
+
+    @property
+    def section(self) -> str:
+        """The file's YAML path of these settings, for messages: ``sharing.timeSlicing`` / ``sharing.mps``."""
+        return "sharing.mps" if self.mps else "sharing.timeSlicing"

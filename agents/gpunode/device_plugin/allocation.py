@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from gpunode.api.mps import CONTAINER_ROOT, SHM_CONTAINER_PATH, MpsRoot, ReadyResource, client_env
 from gpunode.common.bounds import clip_list
 from gpunode.device_plugin.devices import PluginDevice, Resource
 from gpunode.device_plugin.settings import PluginSettings
@@ -34,6 +35,7 @@ __all__ = [
     "Mount",
     "allocate_response",
     "cdi_annotation_key",
+    "mps_allocation",
     "pair_score",
     "preferred_allocation",
     "validate_request",
@@ -125,6 +127,7 @@ def allocate_response(
     dev_root_exists: Callable[[str], bool],
     cdi_kind: str = CDI_KIND,
     annotation_key: str,
+    mps: ContainerAllocation | None = None,
 ) -> ContainerAllocation:
     """What a container gets for ``devices`` (from :func:`validate_request`).
 
@@ -136,6 +139,7 @@ def allocate_response(
     ID (read-write, as NVIDIA does), ``pass_device_specs`` adds ``rw`` device specs for the control
     nodes that ``dev_root_exists(container_path)`` confirms, then every device's nodes and the IMEX
     channel (host path = ``dev_root`` + container path), and GDS/MOFED/GDRCOPY env vars are set.
+    ``mps`` (MPS sharing, :func:`mps_allocation`) adds its env vars and mounts with every strategy.
     """
     strategies = settings.device_list_strategies
     ids = _visible_ids(devices, settings.device_id_strategy)
@@ -162,8 +166,11 @@ def allocate_response(
                 annotations[annotation_key] = ",".join(names)
             if "cdi-cri" in strategies:
                 cdi_devices.extend(names)
+    if mps is not None:  # MPS sharing: what the container needs of the control daemon, whatever the strategy
+        envs.update(mps.envs)
+        mounts.extend(mps.mounts)
     if all(s.startswith("cdi-") for s in strategies):
-        return ContainerAllocation(annotations=annotations, cdi_devices=cdi_devices)
+        return ContainerAllocation(envs=envs, mounts=mounts, annotations=annotations, cdi_devices=cdi_devices)
 
     if "envvar" in strategies:
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
@@ -191,6 +198,24 @@ def allocate_response(
         envs["NVIDIA_GDRCOPY"] = "enabled"
     return ContainerAllocation(
         envs=envs, mounts=mounts, devices=specs, annotations=annotations, cdi_devices=cdi_devices
+    )
+
+
+def mps_allocation(
+    resource: str, devices: Sequence[PluginDevice], root: str, ready: ReadyResource
+) -> ContainerAllocation:
+    """What NVIDIA's plugin adds for MPS: ``CUDA_MPS_PIPE_DIRECTORY`` and two mounts, the resource's
+    pipe directory (host ``<root>/<resource>/pipe`` at ``/mps/<resource>/pipe``) and the shared memory
+    (host ``<root>/shm`` at ``/dev/shm``); plus the daemon's per-client limits as env vars
+    (:func:`gpunode.api.mps.client_env`)."""
+    uuids = list(dict.fromkeys(d.device_uuid for d in devices))
+    host, container = MpsRoot(root), MpsRoot(CONTAINER_ROOT)
+    return ContainerAllocation(
+        envs=client_env(resource, ready, uuids),
+        mounts=[
+            Mount(container.pipe_dir(resource), host.pipe_dir(resource), False),
+            Mount(SHM_CONTAINER_PATH, host.shm_dir, False),
+        ],
     )
 
 

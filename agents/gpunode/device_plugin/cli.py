@@ -51,6 +51,8 @@ def warn_ignored_fields(config: PluginConfig) -> None:
         get_logger("gpunode.device_plugin").warning(
             "config_field_ignored", detail=message, hint=EXTENSIONS_HINT
         )
+    for message in config.overridden_fields():
+        get_logger("gpunode.device_plugin").warning("config_field_ignored", detail=message)
 
 
 def _config_model() -> type[PluginConfig]:

@@ -333,7 +333,7 @@ def _apply_sharing(
     targets: dict[str, str] = {}  # device_uuid -> final resource name
     replicas_of: dict[str, int] = {}
     for position, entry in enumerate(sharing.resources):
-        where = f"sharing.timeSlicing.resources[{position}]"
+        where = f"{sharing.section}.resources[{position}]"
         candidates = by_name.get(entry.name, [])
         if not candidates:
             warnings.append(f"{where}: no {entry.name} devices on this node; the entry has no effect")
@@ -351,7 +351,7 @@ def _apply_sharing(
             if device.device_uuid in claimed:
                 raise DeviceConfigError(
                     f"{where}: device {device.device_uuid} (index {device.index}) is already shared by "
-                    f"sharing.timeSlicing.resources[{claimed[device.device_uuid]}]; "
+                    f"{sharing.section}.resources[{claimed[device.device_uuid]}]; "
                     "each device may be selected by one entry only"
                 )
             claimed[device.device_uuid] = position
@@ -373,10 +373,20 @@ def _apply_sharing(
             raise DeviceConfigError(
                 f"{name}: time-sliced and unshared devices would share one resource name "
                 f"(unshared: {', '.join(unshared)}); set rename (or renameByDefault) for "
-                + ", ".join(f"sharing.timeSlicing.resources[{p}]" for p in entries)
+                + ", ".join(f"{sharing.section}.resources[{p}]" for p in entries)
                 + ", or select all of its devices"
             )
     return dict(grouped)
+
+
+def _check_mps(gpus: Sequence[GpuInfo], base: list[tuple[str, PluginDevice]]) -> None:
+    """NVIDIA's refusal: MPS sharing is not supported for MIG devices (nor on GPUs with MIG enabled)."""
+    mig = {d.gpu_index for _, d in base if d.mig is not None} | {g.index for g in gpus if g.mig_enabled}
+    if mig:
+        raise DeviceConfigError(
+            "sharing.mps: MPS sharing is not supported for MIG devices (MIG is enabled on GPU "
+            f"{', '.join(map(str, sorted(mig)))}); disable MIG on the node or share with sharing.timeSlicing"
+        )
 
 
 def _index_key(index: str) -> tuple[int, ...]:
@@ -401,6 +411,8 @@ def build_inventory(
     """
     warnings: list[str] = []
     base = _base_devices(gpus, mig_devices, settings, numa, mig_minors, warnings)
+    if settings.sharing is not None and settings.sharing.mps:
+        _check_mps(gpus, base)
     grouped = _apply_sharing(base, settings, warnings)
     fail_gt_one = settings.sharing.fail_requests_greater_than_one if settings.sharing else False
     resources: list[Resource] = []

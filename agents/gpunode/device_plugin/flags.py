@@ -120,6 +120,13 @@ class DevicePluginFlags:
         file_key="imex.required",
         help="refuse to start when a requested IMEX channel node is missing (false: warn, hand none out)",
     )
+    mps_root: str | None = setting(
+        "--mps-root",
+        env="MPS_ROOT",
+        metavar="DIR",
+        file_key="flags.mpsRoot",
+        help="the MPS control daemon's root on the host, for sharing.mps (default /run/nvidia/mps)",
+    )
     kubelet_socket: str = setting(
         "--kubelet-socket",
         env="KUBELET_SOCKET",

@@ -30,6 +30,8 @@ from gpunode.device_plugin.devices import DeviceConfigError
 from gpunode.device_plugin.health import HealthTracker, XidPolicy
 from gpunode.device_plugin.healthwatch import HealthWatch
 from gpunode.device_plugin.metrics import DevicePluginMetrics
+from gpunode.device_plugin.mps import DEFAULT_INTERVAL as MPS_POLL_INTERVAL
+from gpunode.device_plugin.mps import MpsWatch
 from gpunode.device_plugin.registrar import Registrar
 from gpunode.device_plugin.resources import MIG_SETTLE, MIG_SETTLE_MAX, Resources
 from gpunode.device_plugin.server import ResourceServer, SharedState
@@ -75,6 +77,7 @@ class AgentOptions:
     nvml_retry_interval: float = 30.0
     mig_settle: float = MIG_SETTLE  # a MIG layout is advertised once no MIG event came for this long ...
     mig_settle_max: float = MIG_SETTLE_MAX  # ... or this long after its first event
+    mps_poll_interval: float = MPS_POLL_INTERVAL  # how often the MPS daemon's readiness file is checked
 
     @classmethod
     def from_flags(
@@ -150,6 +153,7 @@ class DevicePlugin:
             mig_settle=opts.mig_settle,
             mig_settle_max=opts.mig_settle_max,
         )
+        self.mps_watch = MpsWatch(self.resources, opts.host, log=self.log, interval=opts.mps_poll_interval)
         self.registrar = Registrar(
             self.resources,
             kubelet_socket=opts.kubelet_socket,
@@ -251,6 +255,7 @@ class DevicePlugin:
                         await dir_config.wait_for_label()
                     loaded = await configs.first_dir_config(dir_config)
                 self.nvml = await self._open_nvml()
+                self.mps_watch.refresh()  # MPS resources are advertised only once their daemon is ready
                 try:
                     await self.reconcile(initial=True)
                 except ConfigError as exc:
@@ -277,6 +282,7 @@ class DevicePlugin:
                 tg.create_task(self.registrar.self_check(), name="self-check")
                 tg.create_task(self._supervised("health-probe", self.health_watch.probe), name="health-probe")
                 tg.create_task(self.resources.follow_mig_changes(), name="rebuild")
+                tg.create_task(self._supervised("mps-watch", self.mps_watch.run), name="mps-watch")
                 if self.opts.config_file is not None:
                     tg.create_task(self._supervised("config-watch", configs.watch_file), name="config-watch")
                 if dir_config is not None:

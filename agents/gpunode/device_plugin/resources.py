@@ -175,6 +175,13 @@ class Resources:
             self.state.topology = topology
             self.state.health.forget(g.uuid for g in self.gpus)
             wanted = {r.name: r for r in built.resources if r.devices}
+            if target.sharing is not None and target.sharing.mps:  # only once its MPS daemon is ready
+                ready = self.state.mps_ready or {}
+                held = sorted(n for n, r in wanted.items() if r.shared and n not in ready)
+                for name in held:
+                    del wanted[name]
+                if held:
+                    self.log.warning("mps_resources_withheld", resources=held, reason="MPS daemon not ready")
             for name in list(self.servers):
                 if name not in wanted:
                     await self._withdraw(name)

@@ -15,6 +15,7 @@ import grpc
 from google.protobuf.message import Message
 
 from gpunode._proto.deviceplugin.v1beta1 import api_pb2 as pb
+from gpunode.api.mps import DEFAULT_ROOT, ReadyResource
 from gpunode.common.bounds import clip, clip_list
 from gpunode.common.errors import UsageError
 from gpunode.common.logging import get_logger
@@ -23,6 +24,7 @@ from gpunode.device_plugin.allocation import (
     ContainerAllocation,
     allocate_response,
     cdi_annotation_key,
+    mps_allocation,
     preferred_allocation,
     validate_request,
 )
@@ -50,6 +52,8 @@ class SharedState:
     metrics: DevicePluginMetrics
     topology: Topology | None = None
     dev_root: Path = Path("/")
+    #: MPS sharing: the resources the MPS control daemon declares ready (None: not ready, or no MPS)
+    mps_ready: dict[str, ReadyResource] | None = None
 
     def dev_node_exists(self, container_path: str) -> bool:
         return (self.dev_root / container_path.lstrip("/")).exists()
@@ -320,11 +324,19 @@ class _Servicer:
                     id_count=len(req.devices_ids),
                 )
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            mps = None
+            if resource.shared and settings.sharing is not None and settings.sharing.mps:
+                ready = (owner.state.mps_ready or {}).get(resource.name)
+                if ready is None:  # withdrawn a moment ago: the kubelet must retry elsewhere
+                    why = f"{resource.name}: the MPS control daemon is not ready"
+                    await _abort(context, grpc.StatusCode.UNAVAILABLE, why)
+                mps = mps_allocation(resource.name, devices, settings.mps_root or DEFAULT_ROOT, ready)
             alloc = allocate_response(
                 devices,
                 settings,
                 dev_root_exists=owner.state.dev_node_exists,
                 annotation_key=cdi_annotation_key(settings.cdi_annotation_prefix, str(uuid.uuid4())),
+                mps=mps,
             )
             resp.container_responses.append(to_proto(alloc))
             owner.state.metrics.allocations.labels(resource=resource.name).inc()

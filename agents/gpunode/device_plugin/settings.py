@@ -18,6 +18,7 @@ from gpunode.api.plugin_types import (
     DEVICE_ID_STRATEGIES,
     DISCOVERY_STRATEGIES,
     MIG_STRATEGIES,
+    MPS_MIXED_REFUSAL,
     AllocationPolicy,
     DeviceIdStrategy,
     DiscoveryStrategy,
@@ -166,6 +167,9 @@ def settings_from_config(cfg: PluginConfig | None, overrides: Mapping[str, objec
         merged[key] = _check_override(key, value)
     if "dev_root" not in merged or merged["dev_root"] is None:
         merged["dev_root"] = merged.get("driver_root", "/")
+    sharing = merged.get("sharing")
+    if isinstance(sharing, TimeSlicing) and sharing.mps and merged.get("mig_strategy") == "mixed":
+        raise UsageError(MPS_MIXED_REFUSAL)
     return PluginSettings(**merged)
 
 
@@ -182,6 +186,7 @@ def plugin_settings(flags: DevicePluginFlags, config: PluginConfig | None) -> Pl
         "shared_allocation_policy": flags.shared_devices_allocation_policy,
         "driver_root": flags.common.driver_root,
         "dev_root": flags.dev_root,
+        "mps_root": flags.mps_root,
         "imex_channel_ids": flags.imex_channel_ids,
         "imex_required": flags.imex_required,
     }

@@ -51,6 +51,8 @@ def sharing_of(config: PluginConfig | None) -> TimeSlicing | None:
         get_logger("gpunode.feature_discovery").warning(
             "config_field_ignored", detail=message, hint=EXTENSIONS_HINT
         )
+    for message in config.overridden_fields():
+        get_logger("gpunode.feature_discovery").warning("config_field_ignored", detail=message)
     return config.time_slicing()
 
 

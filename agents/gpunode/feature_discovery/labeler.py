@@ -14,10 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpunode.common.errors import ConfigError
 from gpunode.common.hostpaths import HostPaths
 from gpunode.feature_discovery.config import LabelingConfig
 from gpunode.feature_discovery.facts import gather_facts
-from gpunode.feature_discovery.labels import LabelResult, NodeFacts, compute_labels
+from gpunode.feature_discovery.labels import LabelResult, MpsMigRefused, NodeFacts, compute_labels
 from gpunode.feature_discovery.output import FeatureFile, NodeFeatureOutput, OutputError, expiry_after_stop
 from gpunode.nvml import errors
 
@@ -86,12 +87,15 @@ class Labeler:
                 file=str(self.opts.machine_type_file),
                 label="nvidia.com/gpu.machine=unknown",
             )
-        result = compute_labels(
-            facts,
-            mig_strategy=self.config.mig_strategy,
-            sharing=self.config.sharing,
-            timestamp=self.timestamp,
-        )
+        try:
+            result = compute_labels(
+                facts,
+                mig_strategy=self.config.mig_strategy,
+                sharing=self.config.sharing,
+                timestamp=self.timestamp,
+            )
+        except MpsMigRefused as exc:  # NVIDIA's GFD fails here too: exit 2 with the path and the reason
+            raise ConfigError("config file", [str(exc)]) from None
         for warning in result.warnings:
             if warning not in self._warned:  # say it once, not every minute
                 self._warned.add(warning)

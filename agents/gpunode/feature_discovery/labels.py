@@ -16,8 +16,9 @@ Rules, as NVIDIA's GFD applies them:
   not renamed (``rename`` on its entry or ``renameByDefault``).
 * Replicas: ``0`` for a model whose GPUs all have MIG enabled (the full-GPU view of MIG GPUs carries no
   sharing), else the configured replicas of the resource, else ``1``; ``sharing-strategy`` is
-  ``time-slicing`` when replicas > 1, else ``none``. MPS is not supported by this project's config, so
-  ``mps.capable`` is always ``false``.
+  ``time-slicing`` (or ``mps`` under ``sharing.mps``) when replicas > 1, else ``none``.
+* ``mps.capable``: ``true`` when the sharing strategy is MPS, else ``false``. MPS sharing with a GPU
+  that has MIG enabled is refused (:class:`MpsMigRefused`, the agent exits 2), as NVIDIA's GFD fails.
 * ``gpu.memory`` is omitted when NVML reports 0 MiB (unified-memory parts); family and compute labels are
   omitted when the compute capability major is 0.
 * ``gpu.mode``: every GPU's PCI class ``0x0302xx`` -> ``compute``, every one ``0x0300xx`` ->
@@ -64,6 +65,7 @@ __all__ = [
     "MIG_STRATEGIES",
     "PREFIX",
     "LabelResult",
+    "MpsMigRefused",
     "NodeFacts",
     "compute_labels",
     "family",
@@ -234,7 +236,7 @@ def _sharing(resource: str, sharing: TimeSlicing | None, *, enabled: bool, warni
     if replicas <= 1:
         return _Sharing(replicas, "none", False)
     renamed = entry.rename is not None or sharing.rename_by_default
-    return _Sharing(replicas, "time-slicing", not renamed)
+    return _Sharing(replicas, sharing.strategy, not renamed)
 
 
 def _base(resource: str, count: int, share: _Sharing, product_parts: Sequence[str]) -> dict[str, str]:
@@ -422,6 +424,10 @@ def _clique(gpus: Sequence[GpuInfo], cliques: Mapping[int, str | None], warnings
 # --------------------------------------------------------------------------------------------- labels
 
 
+class MpsMigRefused(ValueError):
+    """MPS sharing on a node with MIG enabled: NVIDIA's GFD fails; the agent exits 2 with this text."""
+
+
 def compute_labels(
     facts: NodeFacts, *, mig_strategy: MigStrategy, sharing: TimeSlicing | None, timestamp: int | None
 ) -> LabelResult:
@@ -446,7 +452,15 @@ def compute_labels(
         raw.update(_full_gpu_labels(_choose_model(gpus, warnings), sharing, warnings))
         raw[PREFIX + "gpu.mode"] = _gpu_mode(gpus, facts.pci_classes, warnings)
         raw[PREFIX + "mig.capable"] = "true" if any(g.mig_capable for g in gpus) else "false"
-        raw[PREFIX + "mps.capable"] = "false"
+        mps = sharing is not None and sharing.mps
+        if mps:
+            mig = [str(g.index) for g in gpus if g.mig_enabled]
+            if mig:
+                raise MpsMigRefused(
+                    "sharing.mps: MPS sharing is not supported for MIG devices (MIG is enabled on GPU "
+                    f"{', '.join(mig)}); disable MIG on the node or share with sharing.timeSlicing"
+                )
+        raw[PREFIX + "mps.capable"] = "true" if mps else "false"
         if mig_strategy != "none":
             raw[PREFIX + "mig.strategy"] = mig_strategy
         if mig_strategy == "single":

@@ -94,6 +94,7 @@ PLUGIN_TASKS = {
     "rebuild",
     "config-watch",
     "sighup",
+    "mps-watch",
 }
 
 Starter = Callable[..., Coroutine[Any, Any, Running]]
@@ -156,6 +157,7 @@ async def start_plugin(tmp_path: Path, kubelet: FakeKubelet) -> AsyncIterator[St
             self_check_interval=0.2,
             probe_interval=probe_interval,
             nvml_retry_interval=nvml_retry_interval,
+            mps_poll_interval=0.05,
         )
         calls = Calls()
 

@@ -312,9 +312,14 @@ def test_fail_requests_greater_than_one_unset_is_false() -> None:
             id="duplicate-entry",
         ),
         pytest.param(
-            "sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n",
-            "sharing.mps: MPS sharing is not supported yet; use timeSlicing",
-            id="mps-rejected",
+            "flags: {migStrategy: mixed}\nsharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n",
+            "sharing: MPS sharing (sharing.mps) is not supported with mig-strategy mixed",
+            id="mps-with-mixed-refused",
+        ),
+        pytest.param(
+            "sharing:\n  mps:\n    resources:\n    - {name: gpu, replicas: 1}\n",
+            "sharing.mps.resources[0].replicas: must be at least 2 (got 1)",
+            id="mps-replicas",
         ),
         pytest.param(
             "imex: {channelIDs: [1]}\n", "imex.channelIDs: must be [] or [0] (got [1])", id="imex-channel"
@@ -341,7 +346,7 @@ def test_every_problem_is_reported_at_once() -> None:
         "version: v3\n"
         "flags: {migStrategy: all, plugin: {deviceListStrategy: nope}}\n"
         "sharing:\n  timeSlicing:\n    resources:\n    - {name: gpu, replicas: 1}\n"
-        "  mps:\n    resources:\n    - {name: gpu, replicas: 2}\n"
+        "  mps:\n    resources:\n    - {name: gpu, replicas: 1}\n"
     )
     paths = [p.split(":", 1)[0] for p in problems(text)]
     assert paths == [
@@ -349,7 +354,7 @@ def test_every_problem_is_reported_at_once() -> None:
         "flags.migStrategy",
         "flags.plugin.deviceListStrategy",
         "sharing.timeSlicing.resources[0].replicas",
-        "sharing.mps",
+        "sharing.mps.resources[0].replicas",
     ]
 
 

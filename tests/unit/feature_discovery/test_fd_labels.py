@@ -636,3 +636,38 @@ def test_long_product_is_adjusted_and_recorded() -> None:
     assert result.adjusted == ((key, original, result.labels[key]),)
     assert result.labels[key].endswith("-MIG-1g.5gb")
     assert result.labels[N + "gpu.product"] == sanitize(LONG_MODEL)  # 55 characters: unchanged
+
+
+# ------------------------------------------------------------------------------------------------ MPS
+
+
+def mps(*resources: SharedResource, rename_by_default: bool = False) -> TimeSlicing:
+    return TimeSlicing(rename_by_default, True, resources, "mps")
+
+
+@pytest.mark.parametrize(
+    ("sharing", "product"),
+    [
+        pytest.param(mps(GPU4), "NVIDIA-A100-SXM4-40GB-SHARED", id="default-name"),
+        pytest.param(mps(GPU4, rename_by_default=True), "NVIDIA-A100-SXM4-40GB", id="renamed"),
+    ],
+)
+def test_mps_labels_as_nvidias_gfd(sharing: TimeSlicing, product: str) -> None:
+    labels = label(facts([gpu(0), gpu(1)]), sharing=sharing).labels
+    assert gpu_block(labels) == {
+        "product": product,
+        "count": "2",
+        "replicas": "4",
+        "sharing-strategy": "mps",
+        "memory": "40960",
+    }
+    assert labels[N + "mps.capable"] == "true"
+
+
+@pytest.mark.parametrize("strategy", ["none", "single"])
+def test_mps_with_mig_enabled_is_refused_as_nvidias_gfd_fails(strategy: str) -> None:
+    from gpunode.feature_discovery.labels import MpsMigRefused
+
+    gpus = [gpu(0), gpu(1, mig=True)]
+    with pytest.raises(MpsMigRefused, match=r"^sharing\.mps: MPS sharing is not supported for MIG devices"):
+        label(facts(gpus, {1: ["3g.20gb"]}), strategy, mps(GPU4))

@@ -1,0 +1,55 @@
+"""gpunode-mps-control-daemon's settings: NVIDIA's mps-control-daemon flags, declared once.
+
+The config file (``--config-file`` / ``CONFIG_FILE``) is the device plugin's ``version: v1`` file: its
+``sharing.mps`` says what to share, ``flags.migStrategy`` and ``flags.mpsRoot`` may set the flags below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpunode.api.mps import DEFAULT_ROOT
+from gpunode.api.plugin_types import MIG_STRATEGIES, MigStrategy
+from gpunode.common.settings import CommonWithConfigSettings, HttpSettings, group, setting
+
+__all__ = ["HTTP_PORT", "MpsSettings"]
+
+HTTP_PORT = 9456
+
+
+@dataclass(frozen=True)
+class MpsSettings:
+    common: CommonWithConfigSettings = group(CommonWithConfigSettings)
+    mig_strategy: MigStrategy = setting(
+        "--mig-strategy",
+        env="MIG_STRATEGY",
+        choices=MIG_STRATEGIES,
+        default="none",
+        file_key="flags.migStrategy",
+        help="the device plugin's MIG strategy (MPS is refused with mixed, as NVIDIA's)",
+    )
+    mps_root: str = setting(
+        "--mps-root",
+        env="MPS_ROOT",
+        default=DEFAULT_ROOT,
+        metavar="DIR",
+        file_key="flags.mpsRoot",
+        help="where the per-resource pipe and log directories, shm and .ready live",
+    )
+    watch_interval: float = setting(
+        "--watch-interval",
+        env="MPS_WATCH_INTERVAL",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the control daemons are checked (their pid and control socket)",
+    )
+    retry_interval: float = setting(
+        "--retry-interval",
+        env="MPS_RETRY_INTERVAL",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="wait before starting a daemon again after a failed start (NVIDIA: 30 s)",
+    )
+    http: HttpSettings = group(HttpSettings, defaults={"http_port": HTTP_PORT})
