@@ -4,6 +4,7 @@
 
 1. A full labeling pass of the simulated dgx-a100 with 56 MIG devices (7 x 1g.5gb per GPU, single
    strategy): NVML facts + labels + rendering the feature file, timed in-process. Target <= 20 ms.
+   The same on dgx-b200 with its densest layout (7 x 1g.23gb per GPU, 56 MIG devices; issue 19).
 2. Steady-state RSS of a real `gpunode-feature-discovery` process (mixed strategy, 1 s interval) after
    several passes. Target <= 45 MB.
 3. Its CPU between passes with the default 60 s interval (idle): target ~0.
@@ -109,10 +110,15 @@ def main() -> int:
         state = Path(tmp) / "node.json"
         build_56_mig(state)
         passes = asyncio.run(labeling_pass_ms(state, rounds))
+        b200 = Path(tmp) / "b200" / "node.json"
+        build_56_mig(b200, "dgx-b200")
+        b200_passes = asyncio.run(labeling_pass_ms(b200, rounds))
         proc = process_figures(state, idle_s)
     p50, p99 = statistics.median(passes), percentile(sorted(passes), 99)
+    b50, b99 = statistics.median(b200_passes), percentile(sorted(b200_passes), 99)
     rows: list[tuple[str, str, str, str, bool]] = [
         ("labeling pass, dgx-a100, 56 MIG devices", f"{p50:.2f} ms", f"{p99:.2f} ms", "<= 20 ms", p50 <= 20),
+        ("labeling pass, dgx-b200, 56 MIG devices", f"{b50:.2f} ms", f"{b99:.2f} ms", "<= 20 ms", b50 <= 20),
         (
             "steady-state RSS (mixed, 1 s interval)",
             f"{proc['rss_mb']:.1f} MB",
@@ -130,7 +136,8 @@ def main() -> int:
     ]
     info: dict[str, Any] = machine_base(load_average=load_average())
     if args.json:
-        print(json.dumps({"machine": info, "passes_ms": {"p50": p50, "p99": p99}, "process": proc}, indent=2))
+        passes_ms = {"p50": p50, "p99": p99, "dgx-b200": {"p50": b50, "p99": b99}}
+        print(json.dumps({"machine": info, "passes_ms": passes_ms, "process": proc}, indent=2))
         return 0
     print(
         f"Feature discovery benchmark ({'quick' if args.quick else 'full'} run); {info['cpu']}, "

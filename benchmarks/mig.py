@@ -34,7 +34,7 @@ from gpunode.nvml.real import RealNvml
 from gpunode.sim import nvml as sim
 from gpunode.sim.mig_reset import SimResetter
 
-PRESETS = ("dgx-a100", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "a30x4")
+PRESETS = ("dgx-a100", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "a30x4", "h100-nvl", "dgx-b200", "gb200-nvl4")
 
 ONE_CHANGED = """\
 version: v1

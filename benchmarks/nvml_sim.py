@@ -11,7 +11,9 @@ checking, and the node in memory / shared through a state file (where every call
 1. microseconds per pynvml call (median and p99 over many calls, after a warm-up);
 2. a full 8-GPU inventory snapshot, `await nvml.gpus()` on a RealNvml (target <= 5 ms);
 3. enumerating 56 MIG devices (MIG on all 8 GPUs, 7x 1g.5gb each with its full compute instance),
-   `await nvml.mig_devices(i)` for every GPU, one after another and with asyncio.gather (target <= 20 ms).
+   `await nvml.mig_devices(i)` for every GPU, one after another and with asyncio.gather (target <= 20 ms);
+4. the inventory snapshot of the other presets (issue 19: dgx-b200, l4x8, gb200-nvl4 and the rest), strict,
+   in memory and in a state file (target <= 5 ms).
 
 The four simulated nodes are built once and measured in interleaved rounds (every mode in turn, again and
 again), so a machine that speeds up or slows down during the run biases no mode against another. Every call
@@ -427,6 +429,31 @@ def table(figures: list[Figure]) -> str:
     return "\n".join(out)
 
 
+OTHER_PRESETS = ("dgx-b200", "l4x8", "gb200-nvl4", "h100-nvl", "l40sx4", "mixed-ada-ampere")
+
+
+async def bench_other_presets(it: Iterations, tmp: str) -> list[Figure]:
+    """Inventory snapshots of the other presets (strict; memory and state file), interleaved rounds."""
+    nodes = []
+    for preset in OTHER_PRESETS:
+        for mode in (Mode(True, False), Mode(True, True)):
+            state = Path(tmp) / f"{preset}.json" if mode.shared else None
+            nodes.append((preset, Node(mode, sim.install(preset, state=state, strict=True))))
+    samples: dict[tuple[str, Mode], list[int]] = defaultdict(list)
+    for _ in range(it.rounds):
+        for preset, node in nodes:
+            async with opened(node) as nvml:
+                samples[preset, node.mode] += await time_async(nvml.gpus, it.inventory, it.warmup)
+    figures = []
+    for preset, node in nodes:
+        gpus = len(sim.get_preset(preset).gpus)
+        name = f"inventory: {preset} ({gpus} GPUs)"
+        figures.append(
+            summarise(samples[preset, node.mode], "other presets", name, node.mode, "ms", INVENTORY_TARGET_MS)
+        )
+    return figures
+
+
 def measure(it: Iterations, every_profile: bool) -> tuple[list[Figure], dict[str, str]]:
     with tempfile.TemporaryDirectory(prefix="nvml-sim-bench-") as tmp:
         try:
@@ -436,6 +463,7 @@ def measure(it: Iterations, every_profile: bool) -> tuple[list[Figure], dict[str
                 nodes.append(Node(mode, sim.install(PRESET, state=state, strict=mode.strict)))
             figures = bench_pynvml(nodes, it)
             more, profiles = asyncio.run(bench_async(nodes, it, every_profile))
+            more += asyncio.run(bench_other_presets(it, tmp))
         finally:
             sim.uninstall()
     return figures + more, profiles

@@ -743,22 +743,22 @@ class RealNvml:
         return await self._run(self._fabric_info, index)
 
     def _fabric_info(self, index: int) -> FabricInfo | None:
-        """Fabric info v3 (health summary), falling back to v2 on drivers that predate it."""
+        """Fabric info v3 (health summary), v2 on drivers that predate it; None where NVML has none (a GPU
+        that answered so once is not asked again)."""
+        if (index, "fabric-info") in self._unsupported:
+            return None
         handle = self._handle(index)
         tolerate = (errors.NotSupported, errors.FunctionNotFound, errors.InvalidArgument)
-        v3 = pynvml.c_nvmlGpuFabricInfo_v3_t()
-        got = _call(
-            pynvml.nvmlDeviceGetGpuFabricInfoV,
-            handle,
-            ctypes.byref(v3),
-            tolerate=(*tolerate, errors.VersionMismatch),
-        )
-        info: Any = v3
-        if got is None:
+        info: Any = pynvml.c_nvmlGpuFabricInfo_v3_t()
+        try:
+            got = _call(pynvml.nvmlDeviceGetGpuFabricInfoV, handle, ctypes.byref(info), tolerate=tolerate)
+        except errors.VersionMismatch:
             info = pynvml.c_nvmlGpuFabricInfo_v2_t()
             got = _call(pynvml.nvmlDeviceGetGpuFabricInfoV, handle, ctypes.byref(info), tolerate=tolerate)
-            if got is None:
-                return None
+        if got is None:
+            self._unsupported.add((index, "fabric-info"))
+            return None
+        v3 = isinstance(info, pynvml.c_nvmlGpuFabricInfo_v3_t)
         cluster = bytes(info.clusterUuid)
         degraded = (int(info.healthMask) >> pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW) & 0x3
         return FabricInfo(
@@ -767,9 +767,9 @@ class RealNvml:
             cluster_uuid=str(uuidlib.UUID(bytes=cluster)) if any(cluster) else None,
             clique_id=int(info.cliqueId),
             degraded_bandwidth={1: True, 2: False}.get(degraded),
-            health=FABRIC_HEALTH.get(int(info.healthSummary)) if info is v3 else None,
+            health=FABRIC_HEALTH.get(int(info.healthSummary)) if v3 else None,
             health_mask=int(info.healthMask),
-            health_summary=int(info.healthSummary) if info is v3 else None,
+            health_summary=int(info.healthSummary) if v3 else None,
         )
 
     def _fabric_telemetry(self, index: int) -> dict[str, Any]:
