@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit bench clean install-systemd
+.PHONY: demo test lint unit bench clean install-systemd hw-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/gpunode demo
+
+# On a machine with a real NVIDIA GPU and driver: every agent read-only, real NVML vs the matching preset
+# (README "Checking real hardware"); exit 2 without a driver.
+hw-check: $(STAMP)
+	$(BIN)/gpunode dev hw-check
 
 lint: $(STAMP)
 	$(BIN)/ruff check agents tests benchmarks

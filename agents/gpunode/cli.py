@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         from gpunode.devcluster import main as dev_cluster
 
         return dev_cluster(raw[2:])
+    if raw[:2] == ["dev", "hw-check"]:  # runs every agent on real NVML and on the matching preset
+        from gpunode.hwcheck import main as hw_check
+
+        return hw_check(raw[2:])
     command = raw[0] if raw else None
     parser = argparse.ArgumentParser(
         prog="gpunode", description="GPU node agents and their simulated GPU node"

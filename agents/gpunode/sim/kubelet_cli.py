@@ -36,6 +36,7 @@ def add_arguments(dev: argparse.ArgumentParser) -> None:
     # `gpunode dev cluster` runs gpunode.devcluster (the umbrella hands it over before parsing: it needs the
     # operator, above this layer); listed here for `gpunode dev --help`.
     dev_sub.add_parser("cluster", help="rehearse gpunode-operator on a simulated cluster (--nodes N)")
+    dev_sub.add_parser("hw-check", help="every agent on real NVML vs the matching preset (read-only)")
 
 
 def _say(text: str) -> None:

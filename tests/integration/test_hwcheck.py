@@ -1,0 +1,52 @@
+"""`gpunode dev hw-check` as a user runs it: with no driver it says so (exit 2); with a simulated node
+standing in for the real machine (--real-sim) it runs every agent on both sides and prints the differences."""
+
+from __future__ import annotations
+
+import ctypes.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GPUNODE = str(Path(sys.executable).parent / "gpunode")
+
+
+def hw_check(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "HOME": "/tmp"}
+    return subprocess.run(
+        [GPUNODE, "dev", "hw-check", *args], capture_output=True, text=True, timeout=170, env=env
+    )
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has an NVIDIA driver"
+)
+def test_without_a_driver_exit_2_saying_so() -> None:
+    out = hw_check()
+    assert out.returncode == 2
+    assert "no NVIDIA driver: " in out.stderr
+    assert "--real-sim" in out.stderr
+
+
+def test_a_stand_in_node_of_another_product_shows_the_differences() -> None:
+    out = hw_check("--real-sim", "dgx-h100", "--preset", "dgx-a100")
+    assert out.returncode == 1, out.stdout + out.stderr
+    text = out.stdout
+    assert "preset: dgx-a100" in text
+    assert "nvidia.com/gpu.product: real NVIDIA-H100-80GB-HBM3 | preset NVIDIA-A100-SXM4-40GB" in text
+    assert "nvidia.com/gpu.family: real hopper | preset ampere" in text
+    for same in ("exporter", "device-plugin", "cdi", "mig", "doctor"):
+        assert f"== {same}: same" in text, same
+    assert "could not check" not in text
+    assert not re.search(r"(GPU|MIG)-[0-9a-f]{8}-", text)  # UUIDs masked
+    assert "not compared: telemetry values" in text
+    assert re.search(r"hw-check finished in [\d.]+ s: 1 step\(s\) differ", text)
+
+
+def test_unknown_preset_exit_2_listing_presets() -> None:
+    out = hw_check("--real-sim", "t4x4", "--preset", "dgx-z9")
+    assert out.returncode == 2
+    assert "dgx-a100" in out.stderr
