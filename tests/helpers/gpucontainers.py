@@ -33,7 +33,8 @@ def tool_env() -> dict[str, str]:
 
 
 def generate_spec(state: Path, driver: FakeDriver, hook: str, output: Path, *extra: str) -> dict[str, Any]:
-    """`gpunode-toolkit cdi generate` for the simulated node and the fake driver; the spec document."""
+    """`gpunode-toolkit cdi generate` for the simulated node and the fake driver, its hooks running
+    gpunode's hook program at ``hook`` (which generate installs there); the spec document."""
     out = subprocess.run(
         [
             TOOLKIT,
@@ -57,9 +58,16 @@ def generate_spec(state: Path, driver: FakeDriver, hook: str, output: Path, *ext
         timeout=60,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    assert os.access(hook, os.X_OK), f"generate did not install the hook program at {hook}"
     doc = yaml.safe_load(output.read_text())
     assert isinstance(doc, dict)
+    paths = {h["path"] for e in _edits(doc) for h in e.get("hooks") or ()}
+    assert paths == {hook}, f"the spec's hooks run {sorted(paths)}, not only gpunode's {hook}"
     return doc
+
+
+def _edits(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [doc.get("containerEdits") or {}, *((d.get("containerEdits") or {}) for d in doc["devices"])]
 
 
 def mig_apply(state: Path, config: str, config_file: Path | None = None) -> None:
