@@ -1,5 +1,6 @@
 """gpunode-operator's wiring: one cluster-wide client, node labelling and the ClusterPolicy controller,
-behind leader election when asked, with ``/healthz`` and ``/readyz``.
+behind leader election when asked, with ``/healthz``, ``/readyz`` and ``/metrics``
+(:mod:`gpunode.operator.metrics`).
 
 The renderer is a parameter: rendering (``gpunode.deploy``) sits above the agents layer, so the console
 script's module, which lives there, hands it in.
@@ -13,7 +14,7 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gpunode.common.logging import get_logger
 from gpunode.operator.cache import ObjectCache
@@ -27,6 +28,7 @@ from gpunode.operator.controller import (
 )
 from gpunode.operator.labeller import NodeLabeller
 from gpunode.operator.leader import LeaderElector
+from gpunode.operator.metrics import CountingKube, create_operator_metrics
 from gpunode.operator.queue import WorkQueue
 from gpunode.operator.settings import DEFAULT_NAMESPACE, OperatorSettings
 
@@ -84,8 +86,10 @@ async def run_operator(
         kube = Kube.connect_cluster(
             settings.kubeconfig, namespace=namespace, timeout=settings.kube_api_timeout
         )
-    client = kube
     status = state or OperatorState()
+    metrics = create_operator_metrics()
+    metrics.leading = lambda: status.leading
+    client = cast("Kube", CountingKube(kube, metrics.count_api_error))  # API errors counted by verb
     elector: LeaderElector | None = None
     if settings.leader_elect:
         renew, retry = election_timings(settings.lease_duration)
@@ -115,6 +119,8 @@ async def run_operator(
             cache=ObjectCache(client, namespace=namespace),
         )
 
+        metrics.attach(labeller, controller)
+
         def reconciled(result: ReconcileResult) -> None:
             status.last = result
             if controller.label_policy is not None:
@@ -143,15 +149,21 @@ async def run_operator(
             async with asyncio.TaskGroup() as group:
                 group.create_task(labeller.run(), name="node-labeller")
                 group.create_task(
-                    run_controller(controller, queue=work, on_result=reconciled), name="clusterpolicy"
+                    run_controller(
+                        controller, queue=work, on_result=reconciled, on_pass=metrics.observe_pass
+                    ),
+                    name="clusterpolicy",
                 )
                 group.create_task(node_changes(), name="node-changes")
         finally:
             status.leading = False
+            metrics.attach(None, None)
 
     http: HealthServer | None = None
     if settings.http.http_port >= 0:
-        http = HealthServer(host=settings.http.listen_host(environ or {}), port=settings.http.http_port)
+        http = HealthServer(
+            metrics.registry, host=settings.http.listen_host(environ or {}), port=settings.http.http_port
+        )
         http.add_check("kube", lambda: (client.available is not False, client.last_error or "reachable"))
         http.add_check(
             "leader", lambda: (True, "leading" if status.leading else "standing by (another replica leads)")
