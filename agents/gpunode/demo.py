@@ -329,6 +329,13 @@ async def _main(preset: str) -> int:
 
 
 def run(preset: str = "dgx-a100") -> int:
+    from gpunode.sim import nvml as sim
+
+    try:
+        sim.get_preset(preset)
+    except sim.UnknownPreset as exc:  # a usage error: say so before anything starts
+        print(f"gpunode demo: {exc}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_main(preset))
     except KeyboardInterrupt:

@@ -175,6 +175,22 @@ def test_unknown_preset_exits_2_listing_the_presets(tmp_path: Path) -> None:
     assert not (tmp_path / "s.json").exists()
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["gpunode", "demo", "--preset", "dgx-b300"], id="demo"),
+        pytest.param(["gpunode-feature-discovery", "--simulate", "dgx-b300", "--oneshot"], id="agent"),
+        pytest.param(["gpunode-mig", "export", "--simulate", "dgx-b300"], id="verb-agent"),
+    ],
+)
+def test_every_cli_taking_a_preset_exits_2_on_an_unknown_one(argv: list[str]) -> None:
+    command = [str(Path(sys.executable).parent / argv[0]), *argv[1:]]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "unknown simulator preset 'dgx-b300'" in done.stderr
+    assert "dgx-b200, dgx-h100, gb200-nvl4" in done.stderr
+
+
 # -- product facts beyond the inventory ------------------------------------------------------------------
 
 # preset -> (power limit min W, max W, PCIe gen, width, NVLink version on link 0 or None, ECC)
