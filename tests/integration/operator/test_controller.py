@@ -195,6 +195,8 @@ async def test_disabling_a_component_deletes_its_objects(tmp_path: Path) -> None
 async def test_an_invalid_policy_is_not_ready_names_the_path_and_applies_nothing(tmp_path: Path) -> None:
     async with cluster(tmp_path) as c:
         await c.until_ready()
+        running = {d["metadata"]["name"]: d["metadata"]["resourceVersion"] for d in gpunode_daemonsets(c.api)}
+        assert len(running) == 6
         before = [r for r in c.api.requests if r.method == "PATCH" and "/status" not in r.path]
         # the CRD schema lets a string through where the model wants a known enum value
         await c.kube.apply(policy("cluster-policy", {"mig": {"strategy": "bogus"}}), field_manager="user")
@@ -212,6 +214,16 @@ async def test_an_invalid_policy_is_not_ready_names_the_path_and_applies_nothing
         assert "spec.mig.strategy" in error["message"]
         obj = await c.kube.get_object(CLUSTER_POLICY, "cluster-policy")
         assert obj is not None
+        # the last good policy's objects are left running, untouched, and its states still reported
+        assert {
+            d["metadata"]["name"]: d["metadata"]["resourceVersion"] for d in gpunode_daemonsets(c.api)
+        } == (running)
+        assert [s["state"] for s in status["states"]].count("ready") >= 6
+        assert result.deleted == []
+        # fixed: ready again, nothing rewritten
+        await c.kube.apply(policy("cluster-policy"), field_manager="user")
+        result = await c.controller.reconcile()
+        assert (result.state, result.applied, result.deleted) == ("ready", [], [])
 
 
 async def test_requeue_5_s_while_not_ready_45_s_without_nfd_labels_else_events_only(tmp_path: Path) -> None:

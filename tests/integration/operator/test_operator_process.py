@@ -225,7 +225,10 @@ def test_leader_failover_the_standby_takes_over_and_never_wrote_before(tmp_path:
             wait_until(ready, 30)
             wait_until(lambda: b.poll() is None and len(logs["b"].read_bytes()) > 0, 10)
             assert holder() == "a"
-            assert _events(logs["b"], "reconciled") == []  # the standby wrote nothing
+            # the standby wrote nothing: no pass, no node label, no status
+            assert _events(logs["b"], "reconciled") == []
+            assert _events(logs["b"], "node_labelled") == []
+            assert _events(logs["a"], "node_labelled")  # the leader labelled gpu-0
             a.kill()  # no release: b must wait for the lease to expire
             a.wait(10)
             wait_until(lambda: holder() == "b", 15)
