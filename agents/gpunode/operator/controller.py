@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -251,6 +252,8 @@ class ClusterPolicyController:
         self.may_write = may_write  # leader election: False stops every write
         self.nodes = nodes  # node labels from the labeller's cache (None: list the nodes)
         self.label_policy: LabelPolicy | None = None  # what node labelling should follow
+        self.last_policy: str | None = None  # the active policy's name and its last status (metrics)
+        self.last_status: dict[str, Any] | None = None
         self.cache = cache  # the owned objects, watched (None: read from the API server each pass)
         # object -> (content hash, view hash of the live object after our write or as found right)
         self._baseline: dict[ObjectKey, tuple[str, str]] = {}
@@ -312,6 +315,7 @@ class ClusterPolicyController:
             gpu_nodes=gpu_nodes,
             previous=obj.get("status"),
         )
+        self.last_policy, self.last_status = active.name, status
         await self._write_status(obj, status, result)
         result.state = status["state"]
         if nfd_nodes == 0:
@@ -448,6 +452,7 @@ class ClusterPolicyController:
         previous_states = (obj.get("status") or {}).get("states")
         if previous_states is not None:
             status["states"] = previous_states  # what is running is still the last good policy's
+        self.last_policy, self.last_status = str((obj.get("metadata") or {}).get("name")), status
         await self._write_status(obj, status, result)
         result.state = status["state"]
         result.requeue_after = requeue
@@ -471,10 +476,12 @@ async def run_controller(
     *,
     queue: WorkQueue[str] | None = None,
     on_result: Callable[[ReconcileResult], None] = lambda r: None,
+    on_pass: Callable[[float, bool], None] = lambda seconds, ok: None,
 ) -> None:
     """Reconcile on every ClusterPolicy event, every event of an owned object (the controller's cache;
     without one: of the DaemonSets in its namespace), and when a pass asks to be requeued; failures
-    retried with backoff (0.1-3 s). Runs until cancelled."""
+    retried with backoff (0.1-3 s). Runs until cancelled. ``on_pass(seconds, ok)`` after each
+    pass (metrics)."""
     work: WorkQueue[str] = queue if queue is not None else WorkQueue()  # an empty queue is falsy
     log = controller.log
 
@@ -496,11 +503,14 @@ async def run_controller(
     async def worker() -> None:
         while True:
             key = await work.get()
+            started = time.perf_counter()
             try:
                 result = await controller.reconcile()
             except KubeError as exc:
+                on_pass(time.perf_counter() - started, False)
                 log.warning("reconcile_retry", error=str(exc), retry_in_s=work.retry(key))
             else:
+                on_pass(time.perf_counter() - started, True)
                 work.forget(key)
                 if result.requeue_after is not None:
                     work.add(key, result.requeue_after)
