@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint unit bench clean install-systemd hw-check
+.PHONY: demo test lint unit bench clean install-systemd image hw-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/driver_loader.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/operator_bench.py
+
+# The image built with podman from a local Debian 12 base and checked in it (containers/ci/, root only).
+image:
+	containers/ci/build-and-check.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
