@@ -24,7 +24,23 @@ def test_presets_lists_every_preset(gpunode_cmd: list[str]) -> None:
     out = run(gpunode_cmd, "sim", "presets")
     assert out.returncode == 0
     names = [line.split()[0] for line in out.stdout.splitlines()]
-    assert names == ["a30x4", "dgx-a100", "dgx-a100-80gb", "dgx-h100", "hgx-h200", "mixed", "t4x4"]
+    assert names == [
+        "a10x4",
+        "a2x2",
+        "a30x4",
+        "dgx-a100",
+        "dgx-a100-80gb",
+        "dgx-b200",
+        "dgx-h100",
+        "gb200-nvl4",
+        "h100-nvl",
+        "hgx-h200",
+        "l40sx4",
+        "l4x8",
+        "mixed",
+        "mixed-ada-ampere",
+        "t4x4",
+    ]
 
 
 def test_unknown_preset_exits_2_listing_the_presets(gpunode_cmd: list[str], tmp_path: Path) -> None:
