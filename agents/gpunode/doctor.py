@@ -483,8 +483,8 @@ def _cdi_check(opts: DoctorOptions, facts: _Facts, runtime_files: bool) -> Check
 def _runtime_check(opts: DoctorOptions, facts: _Facts, configs: checks.RuntimeConfigs) -> Check:
     name = opts.runtime_name
     configure = (
-        f"gpunode-toolkit runtime configure --runtime containerd (or nvidia-ctk runtime configure "
-        f"--runtime=containerd), then restart the runtime; the handler must be named {name!r}"
+        "gpunode-toolkit runtime configure --runtime containerd (enables CDI; or nvidia-ctk runtime "
+        f"configure --runtime=containerd --cdi.enabled), then restart the runtime; legacy: a handler {name!r}"
     )
     if configs.errors:
         return Check("runtime", "fail", "; ".join(configs.errors), "fix the file's syntax")
@@ -493,6 +493,9 @@ def _runtime_check(opts: DoctorOptions, facts: _Facts, configs: checks.RuntimeCo
         extra = sorted({h for e in engines for h in configs.handlers[e] if h.startswith("nvidia")} - {name})
         more = f" (also {', '.join(extra)})" if extra else ""
         return Check("runtime", "ok", f"handler {name!r} in {', '.join(engines)}{more}")
+    if configs.cdi:  # the default path: the runtime injects the CDI devices, no handler needed
+        where = ", ".join(f"{e} ({p})" for e, p in sorted(configs.cdi.items()))
+        return Check("runtime", "ok", f"CDI enabled in {where}; no runtime handler needed")
     if not configs.files:
         if not facts.kube_node:
             return Check("runtime", "skip", "no container runtime configuration here")

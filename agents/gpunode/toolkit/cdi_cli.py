@@ -55,6 +55,7 @@ from gpunode.toolkit.cdi import (
     parse_name_strategies,
     read_mig_cap_minors,
     render,
+    validate_kind,
 )
 from gpunode.toolkit.hook import hook_problem, install_hook, is_gpunode_hook
 from gpunode.toolkit.settings import CdiGenerateSettings, CdiListSettings, CdiSpecSettings
@@ -87,6 +88,19 @@ class GenerateJob:
     output: str | None  # None: stdout
     fmt: Format
     allow_missing_libraries: bool = False
+    also_kinds: tuple[str, ...] = ()  # the same devices under these kinds, each in its own file
+
+
+def also_kinds(text: str, main_kind: str) -> tuple[str, ...]:
+    """``--also-kind``: comma-separated kinds, validated, the main kind dropped."""
+    kinds = [validate_kind(k.strip()) for k in text.split(",") if k.strip()]
+    return tuple(dict.fromkeys(k for k in kinds if k != main_kind))
+
+
+def kind_path(output: str, kind: str) -> str:
+    """Where the spec of ``kind`` goes next to ``output``: ``<dir>/<vendor>-<class>.<ext>``."""
+    ext = os.path.splitext(output)[1] or ".yaml"
+    return os.path.join(os.path.dirname(os.path.abspath(output)), kind.replace("/", "-") + ext)
 
 
 def spec_options(cdi: CdiSpecSettings, driver_root: str) -> SpecOptions:
@@ -118,6 +132,7 @@ def generate_job(cdi: CdiSpecSettings, driver_root: str, output: str, fmt: str |
         output=None if output in ("", "-") else output,
         fmt=format_for(output, fmt),
         allow_missing_libraries=cdi.allow_missing_libraries,
+        also_kinds=also_kinds(cdi.also_kind, opts.kind),
     )
 
 
@@ -180,11 +195,15 @@ def write_spec(spec: Spec, job: GenerateJob, log: Logger) -> bool:
         return True
     parent = os.path.dirname(os.path.abspath(job.output))
     os.makedirs(parent, mode=0o755, exist_ok=True)
-    if atomic_write(job.output, text, 0o644, only_if_changed=True):
-        log.info("cdi_spec_written", path=job.output, devices=len(spec.devices), kind=spec.kind)
-        return True
-    log.info("cdi_spec_unchanged", path=job.output, devices=len(spec.devices))
-    return False
+    written = False
+    for kind, path in [(spec.kind, job.output), *((k, kind_path(job.output, k)) for k in job.also_kinds)]:
+        body = text if kind == spec.kind else render(replace(spec, kind=kind), job.fmt)
+        if atomic_write(path, body, 0o644, only_if_changed=True):
+            log.info("cdi_spec_written", path=path, devices=len(spec.devices), kind=kind)
+            written = True
+        else:
+            log.info("cdi_spec_unchanged", path=path, devices=len(spec.devices))
+    return written
 
 
 async def watch(

@@ -1,4 +1,11 @@
-"""Container runtime configuration: register NVIDIA's runtime handlers with containerd or CRI-O.
+"""Container runtime configuration: enable CDI in containerd (and, on the legacy path only, register
+NVIDIA's runtime handlers with containerd or CRI-O).
+
+CDI is the default path: containerd 1.7 and later reads CDI specs once ``enable_cdi`` and
+``cdi_spec_dirs`` are set in its CRI plugin (CRI-O 1.23 and later always does), and then injects the
+devices the device plugin names, with no RuntimeClass and no NVIDIA binary. The ``nvidia`` handlers
+are written only when asked for, and only when NVIDIA's ``nvidia-container-runtime`` binaries exist on
+the host (:func:`missing_binaries`): a config naming a missing binary would fail every pod using it.
 
 What ``gpunode-toolkit runtime configure`` does, as importable pieces:
 
@@ -95,6 +102,7 @@ __all__ = [
     "RestartError",
     "RevertError",
     "apply_plan",
+    "cdi_enabled",
     "containerd_version",
     "decode_text",
     "default_runtime_name",
@@ -103,6 +111,7 @@ __all__ = [
     "imports_cover",
     "load_state",
     "local_path",
+    "missing_binaries",
     "nvidia_handlers_present",
     "parse_toml",
     "plan_configure",
@@ -130,7 +139,7 @@ STATE_SUFFIX = ".gpunode-state.json"
 _STATE_VERSION = 1
 
 DROP_IN_HEADER = (
-    "# Written by gpunode-toolkit (runtime configure): NVIDIA runtime handlers.\n"
+    "# Written by gpunode-toolkit (runtime configure): CDI, and NVIDIA runtime handlers if asked for.\n"
     "# Regenerated on every configure; undo with `gpunode-toolkit runtime configure --revert`.\n"
 )
 
@@ -262,6 +271,31 @@ def _handler_tables(config_text: str, runtime: str) -> Doc:
         version = containerd_version(doc)
         runtimes = _get(doc, ("plugins", CRI_PLUGIN[version], "containerd", "runtimes"))
     return runtimes if isinstance(runtimes, Mapping) else {}
+
+
+def cdi_enabled(config_text: str, runtime: str) -> bool | None:
+    """containerd: the CRI plugin's ``enable_cdi`` in one config file's text (None when the file does not
+    set it). CRI-O: always True (1.23 and later read CDI specs whatever the config says)."""
+    if runtime == CRIO:
+        return True
+    doc = parse_toml(config_text, "<config>").unwrap()
+    value = _get(doc, ("plugins", CRI_PLUGIN[containerd_version(doc)], "enable_cdi"))
+    return value if isinstance(value, bool) else None
+
+
+def missing_binaries(handlers: Sequence[Handler], host_root: str = "/") -> list[str]:
+    """The handlers' binaries (host paths) that are not executable files on the host."""
+    missing: list[str] = []
+    for handler in handlers:
+        try:
+            local = local_path(host_root, handler.path)
+            st = local.stat()
+        except (OSError, ConfigError):
+            missing.append(handler.path)
+            continue
+        if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+            missing.append(handler.path)
+    return missing
 
 
 def default_runtime_name(config_text: str, runtime: str) -> str | None:
@@ -631,6 +665,8 @@ def render_crio(main_text: str | None, opts: ConfigureOptions, *, source: str = 
     notes: list[str] = []
     if opts.enable_cdi:
         notes.append("CRI-O (1.23 and later) always has CDI enabled; --enable-cdi changes nothing there")
+    if not edits.sets and not edits.deletes:  # CDI only: CRI-O needs no setting at all
+        return Rendered(main=main_text, drop_in=None, notes=tuple(notes))
     if not opts.drop_in:
         changed = _apply_doc(doc, ("crio", "runtime"), edits)
         text = tomlkit.dumps(doc) if changed else (main_text or "")

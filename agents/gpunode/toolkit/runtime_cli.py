@@ -1,16 +1,21 @@
-"""gpunode-toolkit runtime: register NVIDIA's runtime handlers with containerd or CRI-O.
+"""gpunode-toolkit runtime: enable CDI in containerd (legacy path: NVIDIA's runtime handlers too).
 
-    gpunode-toolkit runtime configure --runtime containerd|crio [--set-as-default] [--enable-cdi]
-                                      [--dry-run] [--revert [--force]] [--check] [...]
+    gpunode-toolkit runtime configure --runtime containerd|crio [--no-enable-cdi | --nvidia-runtime-handlers
+                                      [--set-as-default]] [--dry-run] [--revert [--force]] [--check] [...]
     gpunode-toolkit runtime status    --runtime containerd|crio [...]
 
-configure adds the handlers nvidia (--nvidia-runtime-name), nvidia-cdi and nvidia-legacy, writes a
-drop-in (containerd config version >= 2, CRI-O) or edits the config in place, and restarts the
-runtime when something changed. Run twice, it changes nothing ("no change"); --revert restores every
-file it touched byte for byte (files it created are removed). status (or configure --check) prints
-whether the handlers are configured: exit 0 yes, 1 no.
+configure sets enable_cdi and cdi_spec_dirs in containerd's CRI plugin (CRI-O reads CDI specs by
+itself: nothing to write), so pods get the devices the device plugin names with no RuntimeClass. Only
+with --no-enable-cdi or --nvidia-runtime-handlers does it add the handlers nvidia
+(--nvidia-runtime-name), nvidia-cdi and nvidia-legacy, and only when NVIDIA's nvidia-container-runtime
+binaries exist on the host (else exit 2, nothing written). It writes a drop-in (containerd config
+version >= 2, CRI-O) or edits the config in place, and restarts the runtime when something changed.
+Run twice, it changes nothing ("no change"); --revert restores every file it touched byte for byte
+(files it created are removed). status (or configure --check) prints whether what configure would
+set is in place: exit 0 yes, 1 no.
 
-Exit 0 on success, 1 on failure (nothing half-written), 2 on bad usage or an unreadable config.
+Exit 0 on success, 1 on failure (nothing half-written), 2 on bad usage, an unreadable config or a
+missing NVIDIA runtime binary.
 """
 
 from __future__ import annotations
@@ -97,13 +102,28 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return exc.code if isinstance(exc.code, int) else 2
 
 
+def legacy_handlers_wanted(s: RuntimeSettings) -> bool:
+    """The nvidia handlers are written only when asked for: --nvidia-runtime-handlers, or no CDI."""
+    return s.nvidia_runtime_handlers or not s.enable_cdi
+
+
 def options(s: RuntimeSettings) -> rt.ConfigureOptions:
     """What to configure, from the settings."""
     from gpunode.toolkit import runtime as rt
 
-    handlers = rt.handlers_from_paths(
-        s.nvidia_runtime_name, s.nvidia_runtime_path, s.nvidia_cdi_runtime_path, s.nvidia_legacy_runtime_path
-    )
+    handlers: tuple[rt.Handler, ...] = ()
+    if legacy_handlers_wanted(s):
+        handlers = rt.handlers_from_paths(
+            s.nvidia_runtime_name,
+            s.nvidia_runtime_path,
+            s.nvidia_cdi_runtime_path,
+            s.nvidia_legacy_runtime_path,
+        )
+    elif s.set_as_default:
+        raise UsageError(
+            "--set-as-default makes the nvidia handler the default runtime; it needs "
+            "--nvidia-runtime-handlers (or --no-enable-cdi). With CDI no runtime handler is needed"
+        )
     return rt.ConfigureOptions(
         runtime=s.runtime,
         config=s.config,
@@ -127,7 +147,17 @@ def configure(s: ConfigureSettings) -> int:
     if act.revert:
         plan = rt.plan_revert(rt.local_path(host_root, state_file), force=act.force)
     else:
-        plan = rt.plan_configure(options(s), host_root=host_root, state_file=state_file)
+        opts = options(s)
+        missing = rt.missing_binaries(opts.handlers, host_root)
+        if missing:
+            raise UsageError(
+                "the nvidia runtime handlers run NVIDIA's container runtime, which is not on this host: "
+                f"{', '.join(missing)} (under the host root {host_root}) not found or not executable; "
+                "nothing written. Install NVIDIA's container toolkit (or point --nvidia-runtime-path, "
+                "--nvidia-cdi-runtime-path, --nvidia-legacy-runtime-path at it), or use CDI, the default, "
+                "which needs no runtime handler"
+            )
+        plan = rt.plan_configure(opts, host_root=host_root, state_file=state_file)
     for note in plan.notes:
         print(f"note: {note}")
     if plan.empty:
@@ -156,13 +186,15 @@ def configure(s: ConfigureSettings) -> int:
 
 
 def status(s: RuntimeSettings) -> int:
-    """Print whether the nvidia handlers are configured: 0 yes, 1 no."""
+    """Print whether what configure sets is in place (CDI enabled; the nvidia handlers when asked
+    for): 0 yes, 1 no."""
     from gpunode.toolkit import runtime as rt
 
     opts = options(s)
     runtime = opts.runtime
     found: list[str] = []
     default: str | None = None
+    cdi: bool | None = None
     main_imports: list[str] | None = None
     for host_path in [opts.config, *([opts.drop_in] if opts.drop_in else [])]:
         local = rt.local_path(s.host_root, host_path)
@@ -174,6 +206,7 @@ def status(s: RuntimeSettings) -> int:
         try:
             names = rt.nvidia_handlers_present(text, runtime)
             file_default = rt.default_runtime_name(text, runtime)
+            file_cdi = rt.cdi_enabled(text, runtime)
             doc = rt.parse_toml(text, str(local)).unwrap()
         except ConfigError as exc:
             raise ConfigError(str(local), exc.problems) from None
@@ -188,11 +221,24 @@ def status(s: RuntimeSettings) -> int:
         print(f"{local}: {', '.join(names) if names else 'no nvidia handlers'}")
         found += [n for n in names if n not in found]
         default = file_default or default
+        cdi = file_cdi if file_cdi is not None else cdi
     wanted = [h.name for h in opts.handlers]
     missing = [name for name in wanted if name not in found]
     print(f"default runtime: {default or '(runtime default)'}")
+    ok = True
+    if opts.enable_cdi:
+        if runtime == "crio":
+            print("CDI: enabled (CRI-O reads CDI specs by itself)")
+        elif cdi:
+            print(f"CDI: enabled (enable_cdi = true; specs from {', '.join(opts.cdi_spec_dirs)})")
+        else:
+            print("CDI NOT enabled: enable_cdi is not set to true in the CRI plugin")
+            ok = False
     if missing:
         print(f"nvidia handlers NOT configured: missing {', '.join(missing)}")
-        return 1
-    print(f"nvidia handlers configured: {', '.join(wanted)}")
-    return 0
+        ok = False
+    elif wanted:
+        print(f"nvidia handlers configured: {', '.join(wanted)}")
+    else:
+        print(f"nvidia handlers: {', '.join(found) if found else 'none'} (not needed with CDI)")
+    return 0 if ok else 1

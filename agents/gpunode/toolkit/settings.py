@@ -101,6 +101,14 @@ class CdiSpecSettings:
         help="nvml/auto: every GPU and MIG device NVML reports; management: one device 'all' with every "
         "GPU node found (kind management.nvidia.com/gpu unless --kind/--vendor/--class say otherwise)",
     )
+    also_kind: str = setting(
+        "--also-kind",
+        env="GPUNODE_CDI_ALSO_KIND",
+        default="",
+        metavar="KINDS",
+        help="write the same devices under these kinds too, comma-separated, each to <vendor>-<class>.<ext> "
+        "next to --output (k8s.device-plugin.nvidia.com/gpu: the names the device plugin hands out)",
+    )
     allow_missing_libraries: bool = setting(
         "--allow-missing-libraries",
         env="GPUNODE_CDI_ALLOW_MISSING_LIBRARIES",
@@ -359,8 +367,18 @@ class RuntimeSettings:
         "--enable-cdi",
         env=("RUNTIME_ENABLE_CDI", "CDI_ENABLED"),
         type=bool,
+        default=True,
+        help="containerd (1.7 and later): enable_cdi + cdi_spec_dirs in the CRI plugin, so pods get the "
+        "devices the plugin names from the CDI spec with no RuntimeClass (CRI-O always reads CDI specs); "
+        "--no-enable-cdi: the legacy path, NVIDIA's runtime handlers",
+    )
+    nvidia_runtime_handlers: bool = setting(
+        "--nvidia-runtime-handlers",
+        env="NVIDIA_RUNTIME_HANDLERS",
+        type=bool,
         default=False,
-        help="containerd: enable_cdi + cdi_spec_dirs in the CRI plugin",
+        help="also register the nvidia, nvidia-cdi and nvidia-legacy handlers (always with "
+        "--no-enable-cdi); they run NVIDIA's nvidia-container-runtime, which must be on the host",
     )
     cdi_spec_dirs: tuple[str, ...] = setting(
         "--cdi-spec-dirs",

@@ -230,6 +230,8 @@ class RuntimeConfigs:
     files: list[Path] = field(default_factory=list)
     handlers: dict[str, dict[str, Path]] = field(default_factory=dict)  # engine -> handler -> file
     errors: list[str] = field(default_factory=list)
+    # engine -> the file that makes it read CDI specs (containerd: enable_cdi; CRI-O always does)
+    cdi: dict[str, Path] = field(default_factory=dict)
 
     def engines(self) -> list[str]:
         return sorted(self.handlers)
@@ -284,6 +286,14 @@ def _containerd_runtimes(doc: Doc) -> list[str]:
     return names
 
 
+def _containerd_cdi(doc: Doc) -> bool:
+    """Whether a containerd config sets ``enable_cdi = true`` in a CRI plugin (containerd 1.7+)."""
+    plugins = doc.get("plugins")
+    if not isinstance(plugins, dict):
+        return False
+    return any(isinstance(p, dict) and p.get("enable_cdi") is True for p in plugins.values())
+
+
 def _imports(paths: HostPaths, config: Path, doc: Doc) -> list[Path]:
     found: list[Path] = []
     imports = doc.get("imports")
@@ -309,6 +319,8 @@ def read_runtime_configs(paths: HostPaths) -> RuntimeConfigs:
             continue
         seen.add(config)
         out._add("containerd", _containerd_runtimes(doc), config)
+        if _containerd_cdi(doc):
+            out.cdi["containerd"] = config
         for extra in _imports(paths, config, doc):
             if extra in seen:
                 continue
@@ -316,6 +328,8 @@ def read_runtime_configs(paths: HostPaths) -> RuntimeConfigs:
             sub = _toml(extra, out)
             if sub is not None:
                 out._add("containerd", _containerd_runtimes(sub), extra)
+                if _containerd_cdi(sub):
+                    out.cdi["containerd"] = extra
     for drop_dir in CONTAINERD_DROP_INS:
         for extra in sorted(paths.host(drop_dir).glob("*.toml")):
             if extra in seen:
@@ -324,6 +338,8 @@ def read_runtime_configs(paths: HostPaths) -> RuntimeConfigs:
             sub = _toml(extra, out)
             if sub is not None:
                 out._add("containerd", _containerd_runtimes(sub), extra)
+                if _containerd_cdi(sub):
+                    out.cdi["containerd"] = extra
     crio_files = [paths.host(CRIO_CONFIG)]
     with contextlib.suppress(OSError):
         crio_files += sorted(p for p in paths.host(CRIO_DROP_INS).iterdir() if p.is_file())
@@ -333,6 +349,7 @@ def read_runtime_configs(paths: HostPaths) -> RuntimeConfigs:
             continue
         runtimes = ((doc.get("crio") or {}).get("runtime") or {}).get("runtimes") or {}
         out._add("crio", [str(n) for n in runtimes] if isinstance(runtimes, dict) else [], config)
+        out.cdi.setdefault("crio", config)  # CRI-O 1.23 and later reads CDI specs whatever it says
     docker = paths.host(DOCKER_CONFIG)
     try:
         daemon = json.loads(docker.read_text(encoding="utf-8"))
@@ -592,6 +609,10 @@ def _runtime_outcome(opts: ValidatorOptions) -> CheckOutcome:
     if engines:
         return CheckOutcome.passed(
             f"runtime handler {opts.runtime_name!r} configured for {', '.join(engines)}"
+        )
+    if configs.cdi:  # the default path: the runtime injects the CDI devices, no handler needed
+        return CheckOutcome.passed(
+            "CDI enabled for " + ", ".join(f"{e} ({p})" for e, p in sorted(configs.cdi.items()))
         )
     if not configs.files:
         extra = f" ({'; '.join(configs.errors)})" if configs.errors else ""

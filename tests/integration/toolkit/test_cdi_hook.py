@@ -373,3 +373,22 @@ def test_hook_uninstall_leaves_foreign_files(tmp_path: Path, env: dict[str, str]
     proc = toolkit(["hook", "uninstall", "--host-root", str(root)], env)
     assert proc.returncode == 0, proc.stderr
     assert not (root / "usr/local/gpunode").exists()
+
+
+def test_also_kind_writes_the_plugins_spec_beside(
+    tmp_path: Path, host: Path, state: Path, env: dict[str, str]
+) -> None:
+    out = tmp_path / "cdi" / "nvidia.yaml"
+    proc = generate(state, host, out, env, "--also-kind", "k8s.device-plugin.nvidia.com/gpu,nvidia.com/gpu")
+    assert proc.returncode == 0, proc.stderr
+    plugin = out.parent / "k8s.device-plugin.nvidia.com-gpu.yaml"
+    main, extra = yaml.safe_load(out.read_text()), yaml.safe_load(plugin.read_text())
+    assert sorted(p.name for p in out.parent.iterdir()) == [
+        "k8s.device-plugin.nvidia.com-gpu.yaml",
+        "nvidia.yaml",
+    ]
+    assert extra["kind"] == "k8s.device-plugin.nvidia.com/gpu"
+    assert {**extra, "kind": main["kind"]} == main
+    assert [e["path"] for e in events(proc, "cdi_spec_written")] == [str(out), str(plugin)]
+    bad = generate(state, host, out, env, "--also-kind", "not-a-kind")
+    assert bad.returncode == 2

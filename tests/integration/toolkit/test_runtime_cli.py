@@ -96,12 +96,32 @@ def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
     return out
 
 
+TOOLKIT_DIR = "usr/local/nvidia/toolkit"
+RUNTIME_BINARIES = (
+    "nvidia-container-runtime",
+    "nvidia-container-runtime.cdi",
+    "nvidia-container-runtime.legacy",
+)
+
+
+def fake_nvidia_runtime(root: Path) -> Path:
+    """Stand-ins for NVIDIA's runtime binaries under ``root``: the legacy handlers need them to exist."""
+    bin_dir = root / TOOLKIT_DIR
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in RUNTIME_BINARIES:
+        (bin_dir / name).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
 class Node:
-    """A fake host root with a runtime config; `run` calls the CLI in-process."""
+    """A fake host root with a runtime config; `run` calls the CLI in-process (with ``legacy``, the
+    default here, asking for NVIDIA's handlers, whose stand-in binaries live under the root)."""
 
     def __init__(self, root: Path, runtime: str, text: str | None) -> None:
         self.root = root
         self.runtime = runtime
+        self.bin_dir = fake_nvidia_runtime(root)
         base = root / ("etc/containerd" if runtime == "containerd" else "etc/crio")
         base.mkdir(parents=True)
         self.config = base / ("config.toml" if runtime == "containerd" else "crio.conf")
@@ -111,8 +131,22 @@ class Node:
         if text is not None:
             self.config.write_text(text)
 
+    @property
+    def legacy_flags(self) -> list[str]:
+        paths = [self.bin_dir / name for name in RUNTIME_BINARIES]
+        return [
+            "--nvidia-runtime-handlers",
+            f"--nvidia-runtime-path={paths[0]}",
+            f"--nvidia-cdi-runtime-path={paths[1]}",
+            f"--nvidia-legacy-runtime-path={paths[2]}",
+        ]
+
     def run(
-        self, capsys: pytest.CaptureFixture[str], *args: str, env: dict[str, str] | None = None
+        self,
+        capsys: pytest.CaptureFixture[str],
+        *args: str,
+        env: dict[str, str] | None = None,
+        legacy: bool = True,
     ) -> tuple[int, str, str]:
         argv = [
             *(args or ("configure",)),
@@ -121,6 +155,7 @@ class Node:
             f"--drop-in-config={self.drop_in}",
             "--restart-mode=none",
             "--log-format=json",
+            *(self.legacy_flags if legacy else []),
         ]
         code = runtime_cli.main(argv, env or {})
         out, err = capsys.readouterr()
@@ -174,7 +209,7 @@ def test_containerd_in_place_without_drop_in(
     node = Node(tmp_path, "containerd", CTD_V2)
     before = snapshot(tmp_path)
     argv = ["configure", "--runtime=containerd", f"--config={node.config}", "--restart-mode=none", flag]
-    assert runtime_cli.main(argv, env) == 0
+    assert runtime_cli.main([*argv, *node.legacy_flags], env) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"updated {node.config}"
     text = node.config.read_text()
     assert "runtimes.nvidia-legacy]" in text
@@ -215,7 +250,7 @@ def test_crio_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str], as_
     extra = ["--set-as-default"] if as_default else []
     code, out, _ = node.run(capsys, "configure", *extra)
     assert code == 0
-    assert out.splitlines()[0] == f"created {node.drop_in}"
+    assert f"created {node.drop_in}" in out.splitlines()
     assert node.config.read_text() == CRIO_CONF
     drop = node.drop_in.read_text()
     assert '[crio.runtime.runtimes.nvidia]\nruntime_root = "/run/crun"' in drop
@@ -223,7 +258,7 @@ def test_crio_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str], as_
     assert ('default_runtime = "nvidia"' in drop) is as_default
     configured = snapshot(tmp_path)
     code, out, _ = node.run(capsys, "configure", *extra)
-    assert (code, out.strip()) == (0, "no change")
+    assert (code, out.splitlines()[-1]) == (0, "no change")
     assert snapshot(tmp_path) == configured
     assert node.run(capsys, "configure", "--check")[0] == 0
     assert node.run(capsys, "configure", "--revert")[0] == 0
@@ -355,6 +390,7 @@ def configure_argv(node: Node, *extra: str) -> list[str]:
         f"--runtime={node.runtime}",
         f"--config={node.config}",
         f"--drop-in-config={node.drop_in}",
+        *node.legacy_flags,
         *extra,
     ]
 
@@ -491,10 +527,14 @@ def test_restart_signal_no_process_exit_1(tmp_path: Path, capsys: pytest.Capture
 # ------------------------------------------------------------------ the real containerd reads it
 
 
-def _containerd_major() -> int:
+def _containerd_version() -> tuple[int, int]:
     out = subprocess.run([CONTAINERD, "--version"], capture_output=True, text=True, check=True).stdout
     match = re.search(r"\s v?(\d+)\.(\d+)", out)
-    return int(match.group(1)) if match else 0
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def _containerd_major() -> int:
+    return _containerd_version()[0]
 
 
 @pytest.mark.skipif(not Path(CONTAINERD).exists(), reason=f"{CONTAINERD} is not installed")
@@ -526,9 +566,11 @@ def test_real_containerd_accepts_result(
         table = f'[plugins."{cri}".containerd.runtimes.{name}.options]'
         assert table in dump.stdout, name
         section = dump.stdout.split(table, 1)[1].split("[", 1)[0]
-        assert f'BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime{suffix}"' in section
+        assert f'BinaryName = "{node.bin_dir}/nvidia-container-runtime{suffix}"' in section
         assert "SystemdCgroup = true" in section  # copied from runc
     assert 'default_runtime_name = "nvidia"' in dump.stdout
+    if _containerd_version() >= (1, 7):  # enable_cdi is new in 1.7 (Debian 12 has 1.6, which drops it)
+        assert "enable_cdi = true" in dump.stdout
     if version == 2:  # the drop-in replaced the CRI table: the user's settings must have come along
         assert 'sandbox_image = "registry.k8s.io/pause:3.9"' in dump.stdout
 
@@ -587,7 +629,7 @@ def test_an_absolute_link_is_resolved_under_the_host_root(
     assert runtime_cli.main(_host_configure(host), {}) == 0
     out = capsys.readouterr().out
     assert f"editing {host / 'opt/ctd/config.toml'}" in out
-    assert "runtimes.nvidia" in (host / "opt/ctd/config.toml").read_text()
+    assert "enable_cdi = true" in (host / "opt/ctd/config.toml").read_text()
     assert link.is_symlink()
 
 
@@ -632,3 +674,73 @@ def test_systemd_unit_must_be_a_unit_name(tmp_path: Path, capsys: pytest.Capture
     assert runtime_cli.main(argv, {}) == 1
     assert "starts with '-'" in capsys.readouterr().err
     assert not calls.exists()
+
+
+# ------------------------------------------------------------------------ CDI, the default path
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_cdi_by_default_no_handlers(tmp_path: Path, capsys: pytest.CaptureFixture[str], version: int) -> None:
+    node = Node(tmp_path, "containerd", CONFIGS[version])
+    before = snapshot(tmp_path)
+    code, out, err = node.run(capsys, "configure", legacy=False)
+    assert code == 0, err
+    written = (node.config if version == 1 else node.drop_in).read_text()
+    assert "enable_cdi = true" in written
+    assert 'cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]' in written
+    assert "nvidia" not in written.replace("99-nvidia.toml", "")  # no handler, no NVIDIA binary named
+    code, out, _ = node.run(capsys, "status", legacy=False)
+    assert code == 0
+    assert "CDI: enabled" in out
+    assert "nvidia handlers: none (not needed with CDI)" in out
+    assert node.run(capsys, "configure", "--revert", legacy=False)[0] == 0
+    assert snapshot(tmp_path) == before
+
+
+def test_cdi_status_says_when_not_enabled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node = Node(tmp_path, "containerd", CTD_V2)
+    code, out, _ = node.run(capsys, "status", legacy=False)
+    assert code == 1
+    assert "CDI NOT enabled" in out
+
+
+def test_crio_needs_nothing_for_cdi(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    node = Node(tmp_path, "crio", CRIO_CONF)
+    before = snapshot(tmp_path)
+    code, out, _ = node.run(capsys, "configure", legacy=False)
+    assert (code, out.splitlines()[-1]) == (0, "no change")
+    assert snapshot(tmp_path) == before
+    code, out, _ = node.run(capsys, "status", legacy=False)
+    assert code == 0
+    assert "CRI-O reads CDI specs by itself" in out
+
+
+@pytest.mark.parametrize("how", ["flag", "no-cdi"])
+def test_legacy_handlers_need_nvidias_runtime_on_the_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    host = tmp_path / "host"
+    node = Node(host, "containerd", CTD_V2)
+    shutil.rmtree(host / TOOLKIT_DIR)  # a host with only gpunode: no NVIDIA binary
+    before = snapshot(tmp_path)
+    ask = "--nvidia-runtime-handlers" if how == "flag" else "--no-enable-cdi"
+    argv = ["configure", "--runtime=containerd", f"--host-root={host}", "--restart-mode=none", ask]
+    assert runtime_cli.main(argv, {}) == 2
+    err = capsys.readouterr().err
+    assert "/usr/local/nvidia/toolkit/nvidia-container-runtime" in err
+    assert "not on this host" in err
+    assert "nothing written" in err
+    assert snapshot(tmp_path) == before  # never a config naming a missing binary
+    fake_nvidia_runtime(host)
+    assert runtime_cli.main(argv, {}) == 0
+    assert "runtimes.nvidia-legacy" in node.drop_in.read_text()
+    assert ("enable_cdi" in node.drop_in.read_text()) is (how == "flag")
+
+
+def test_set_as_default_without_handlers_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = Node(tmp_path, "containerd", CTD_V2)
+    code, _, err = node.run(capsys, "configure", "--set-as-default", legacy=False)
+    assert code == 2
+    assert "needs --nvidia-runtime-handlers" in err
