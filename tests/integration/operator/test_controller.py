@@ -418,6 +418,14 @@ async def test_the_running_loop_puts_drift_right_on_the_watch_event(tmp_path: Pa
                 await task
 
 
+# A policy that renders a RuntimeClass (workloads on NVIDIA's runtime, not CDI), and one that renders none.
+CDI = {"cdi": {"enabled": True}}
+
+
+def legacy(name: str) -> dict[str, Any]:
+    return {"cdi": {"enabled": False}, "operator": {"runtimeClass": name}}
+
+
 def runtime_class(name: str, **labels: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if labels:
@@ -429,27 +437,23 @@ async def test_a_runtime_class_no_longer_named_is_deleted_but_never_a_users(tmp_
     async with cluster(tmp_path) as c:
         c.api.create("RuntimeClass", runtime_class("user-rc"))
         c.api.create("RuntimeClass", runtime_class("kata", **{"app.kubernetes.io/part-of": "gpunode"}))
-        await c.kube.apply(
-            policy("cluster-policy", {"operator": {"runtimeClass": "nvidia"}}), field_manager="user"
-        )
+        await c.kube.apply(policy("cluster-policy", legacy("nvidia")), field_manager="user")
         await c.until_ready()
         ours = c.api.get("RuntimeClass", "nvidia")
         assert ours is not None
         assert ours["metadata"]["ownerReferences"][0]["kind"] == "ClusterPolicy"
 
-        await c.kube.apply(
-            policy("cluster-policy", {"operator": {"runtimeClass": "nvidia-cdi"}}), field_manager="user"
-        )
+        await c.kube.apply(policy("cluster-policy", legacy("nvidia-legacy")), field_manager="user")
         result = await c.controller.reconcile()
         assert result.deleted == ["RuntimeClass nvidia"]
-        assert "RuntimeClass nvidia-cdi" in result.applied
+        assert "RuntimeClass nvidia-legacy" in result.applied
         assert c.api.get("RuntimeClass", "nvidia") is None
 
         # a restarted operator (no memory of the old name) finds its strays by ownership
-        await c.kube.apply(policy("cluster-policy"), field_manager="user")
+        await c.kube.apply(policy("cluster-policy", CDI), field_manager="user")
         fresh = ClusterPolicyController(c.kube, render, namespace=NS)
         result = await fresh.reconcile()
-        assert result.deleted == ["RuntimeClass nvidia-cdi"]
+        assert result.deleted == ["RuntimeClass nvidia-legacy"]
         assert sorted(o["metadata"]["name"] for o in c.api.objects("RuntimeClass")) == ["kata", "user-rc"]
         assert (await fresh.reconcile()).writes == 0
 
@@ -459,14 +463,12 @@ async def test_a_users_runtime_class_of_the_named_name_is_neither_taken_over_nor
 ) -> None:
     async with cluster(tmp_path) as c:
         c.api.create("RuntimeClass", runtime_class("nvidia"))
-        await c.kube.apply(
-            policy("cluster-policy", {"operator": {"runtimeClass": "nvidia"}}), field_manager="user"
-        )
+        await c.kube.apply(policy("cluster-policy", legacy("nvidia")), field_manager="user")
         result = await c.until_ready()
         before = c.api.get("RuntimeClass", "nvidia")
         assert before is not None
         assert "ownerReferences" not in before["metadata"]
-        await c.kube.apply(policy("cluster-policy"), field_manager="user")
+        await c.kube.apply(policy("cluster-policy", CDI), field_manager="user")
         result = await c.controller.reconcile()
         assert not [k for k in (*result.applied, *result.deleted) if "RuntimeClass" in k]
         assert c.api.get("RuntimeClass", "nvidia") == before
