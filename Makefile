@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/exporter.py
 	$(BIN)/python benchmarks/kube_layer.py
 	$(BIN)/python benchmarks/mig.py
+	$(BIN)/python benchmarks/cdi.py
 	$(BIN)/python benchmarks/driver_loader.py
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/operator_bench.py
