@@ -171,6 +171,35 @@ class DaemonPlan:
         out.append(f"set_default_active_thread_percentage {self.thread_percentage}")
         return out
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "gpus": [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "memoryTotalMiB": g.memory_total_mib,
+                    "computeCapability": list(g.compute_capability),
+                }
+                for g in self.gpus
+            ],
+            "replicas": {str(i): n for i, n in self.replicas.items()},
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> DaemonPlan:
+        """The inverse of :meth:`to_json` (``KeyError``/``TypeError``/``ValueError`` for anything else)."""
+        gpus = tuple(
+            MpsGpu(
+                int(g["index"]),
+                str(g["uuid"]),
+                int(g["memoryTotalMiB"]),
+                (int(g["computeCapability"][0]), int(g["computeCapability"][1])),
+            )
+            for g in doc["gpus"]
+        )
+        return cls(str(doc["resource"]), gpus, {int(i): int(n) for i, n in doc["replicas"].items()})
+
     def env(self, root: MpsRoot) -> dict[str, str]:
         """The control daemon's environment (besides the inherited one)."""
         return {
@@ -272,10 +301,11 @@ def sharing_document(sharing: TimeSlicing) -> dict[str, Any]:
     }
 
 
-def ready_document(sharing: TimeSlicing, plans: Sequence[DaemonPlan]) -> dict[str, Any]:
-    """What ``<root>/.ready`` holds: the sharing settings and, per resource, its GPUs and limits."""
+def ready_document(sharing: Mapping[str, Any], plans: Sequence[DaemonPlan]) -> dict[str, Any]:
+    """What ``<root>/.ready`` holds: the sharing settings (:func:`sharing_document`) and, per resource,
+    its GPUs and limits."""
     return {
-        "sharing": sharing_document(sharing),
+        "sharing": dict(sharing),
         "resources": {
             p.resource: {
                 "gpus": [g.uuid for g in p.gpus],

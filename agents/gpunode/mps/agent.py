@@ -1,9 +1,10 @@
 """The MPS control daemon agent: plan the daemons, keep them running, say when they are ready.
 
 At start (and on SIGHUP, with the config file read again) the node's GPUs and the file's ``sharing.mps``
-give one :class:`~gpunode.api.mps.DaemonPlan` per shared resource (:func:`~gpunode.api.mps.plan_daemons`;
-what NVIDIA refuses is a :class:`~gpunode.common.errors.ConfigError`: exit 2 with the path). Then, in
-a loop that sleeps between checks:
+give one :class:`~gpunode.api.mps.DaemonPlan` per shared resource (:func:`~gpunode.api.mps.plan_daemons`,
+computed by a short-lived child process, :mod:`gpunode.mps.plan`, so that pydantic and NVML never stay
+resident; what NVIDIA refuses is a :class:`~gpunode.common.errors.UsageError`: exit 2 with the path). Then,
+in a loop that sleeps between checks:
 
 * the control binary is looked up under the driver root; missing: not ready (``/readyz`` and the log say
   where it was looked for), ``.ready`` absent, looked up again every ``--retry-interval``;
@@ -22,54 +23,69 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Any
 
-from gpunode.api.mps import DaemonPlan, MpsConfigError, MpsGpu, MpsRoot, plan_daemons, ready_document
-from gpunode.api.plugin_types import TimeSlicing
+from gpunode.api.mps import DaemonPlan, MpsRoot, ready_document
 from gpunode.common import sdnotify
 from gpunode.common.atomic import atomic_write_json
-from gpunode.common.errors import ConfigError
 from gpunode.common.http import HealthServer
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import on_sighup, trim_memory
 from gpunode.mps.daemon import ControlDaemon, MpsCommandError, find_control_binary
 
-if TYPE_CHECKING:
-    from gpunode.nvml import Nvml
-
-__all__ = ["AGENT", "MpsAgent", "MpsOptions"]
+__all__ = ["AGENT", "MpsAgent", "MpsOptions", "Plan", "PlanFailed"]
 
 AGENT = "mps-control-daemon"
 
 
+class PlanFailed(RuntimeError):
+    """The planning step failed for a reason that may pass (NVML not up yet): retried."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the planning step found: the sharing settings as the readiness file records them (None: the
+    strategy is not MPS), the daemons, what to log, and the MPS root the file names (None: not set)."""
+
+    sharing: Mapping[str, Any] | None
+    daemons: tuple[DaemonPlan, ...] = ()
+    warnings: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    file_mps_root: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Plan:
+        return cls(
+            sharing=doc.get("sharing"),
+            daemons=tuple(DaemonPlan.from_json(p) for p in doc.get("plans", ())),
+            warnings=tuple(doc.get("warnings", ())),
+            ignored=tuple(doc.get("ignored", ())),
+            file_mps_root=(doc.get("file") or {}).get("mpsRoot"),
+        )
+
+
 @dataclass(frozen=True)
 class MpsOptions:
-    mps_root: str
+    mps_root: str | None  # None: the file's flags.mpsRoot, else the default
+    default_root: str
     driver_root: str
-    config_source: str  # the config file's name, for errors
     watch_interval: float = 5.0
     retry_interval: float = 30.0
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP endpoint
+    environ: Mapping[str, str] = field(default_factory=dict)
 
 
 class MpsAgent:
-    """The agent; ``read_sharing`` gives the effective sharing settings (again on SIGHUP)."""
+    """The agent; ``planner`` makes a :class:`Plan` (again on SIGHUP): UsageError for a refusal, PlanFailed
+    for a failure worth retrying."""
 
-    def __init__(
-        self,
-        opts: MpsOptions,
-        open_nvml: Callable[[], Awaitable[Nvml]],
-        read_sharing: Callable[[], TimeSlicing | None],
-        environ: Mapping[str, str] | None = None,
-    ) -> None:
+    def __init__(self, opts: MpsOptions, planner: Callable[[], Awaitable[Plan]]) -> None:
         self.opts = opts
-        self.open_nvml = open_nvml
-        self.read_sharing = read_sharing
-        self.environ = dict(os.environ if environ is None else environ)
-        self.root = MpsRoot(opts.mps_root)
+        self.planner = planner
+        self.root = MpsRoot(opts.mps_root or opts.default_root)
         self.log = get_logger("gpunode.mps")
         self.metrics = create_metrics(AGENT)
         self.http = (
@@ -77,55 +93,53 @@ class MpsAgent:
             if opts.http_port is not None
             else None
         )
-        self.sharing: TimeSlicing | None = None
-        self.plans: list[DaemonPlan] = []
+        self.plan: Plan | None = None
         self.daemons: list[ControlDaemon] = []
         self.ready = False
         self.reason = "starting"
         self.wake = asyncio.Event()  # SIGHUP: plan again now
 
     # -- planning ---------------------------------------------------------------------------------------
-    async def plan(self, nvml: Nvml) -> None:
-        """Read the sharing settings and the GPUs; ConfigError for what NVIDIA refuses."""
-        sharing = self.read_sharing()
-        gpus = [
-            MpsGpu(g.index, g.uuid, g.memory_total_mib, g.compute_capability, g.mig_enabled)
-            for g in await nvml.gpus()
-        ]
-        warnings: list[str] = []
-        try:
-            plans = plan_daemons(sharing, gpus, warnings=warnings)
-        except MpsConfigError as exc:
-            raise ConfigError(self.opts.config_source, [str(exc)]) from None
-        for warning in warnings:
+    async def make_plan(self) -> bool:
+        """Plan (again); True when the plan changed. UsageError for what NVIDIA refuses."""
+        plan = await self.planner()
+        for message in plan.ignored:
+            self.log.warning("config_field_ignored", detail=message)
+        for warning in plan.warnings:
             self.log.warning("mps_config_warning", detail=warning)
-        self.sharing, self.plans = sharing, plans
-        if sharing is None or not sharing.mps:
+        changed = plan != self.plan
+        self.plan = plan
+        if self.opts.mps_root is None and plan.file_mps_root:
+            self.root = MpsRoot(plan.file_mps_root)
+        if plan.sharing is None:
             self.log.info(
                 "mps_not_configured", detail="the sharing strategy is not MPS; waiting indefinitely"
             )
-        elif not plans:
+        elif not plan.daemons:
             self.log.info("mps_no_devices", detail="no devices are configured for MPS sharing; waiting")
-        else:
+        elif changed:
             self.log.info(
                 "mps_planned",
-                resources={p.resource: [g.index for g in p.gpus] for p in plans},
-                active_thread_percentage={p.resource: p.thread_percentage for p in plans},
-                pinned_mem_limit_mib={p.resource: p.pinned_limits() for p in plans},
+                mps_root=self.root.path,
+                resources={p.resource: [g.index for g in p.gpus] for p in plan.daemons},
+                active_thread_percentage={p.resource: p.thread_percentage for p in plan.daemons},
+                pinned_mem_limit_mib={p.resource: p.pinned_limits() for p in plan.daemons},
             )
+        return changed
 
     # -- readiness --------------------------------------------------------------------------------------
     def _unready(self, reason: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.root.ready_file)
-        if self.ready or reason != self.reason:
+        if reason != self.reason:
             self.log.warning("mps_not_ready", reason=reason)
         self.ready, self.reason = False, reason
 
     def _set_ready(self) -> None:
-        if self.sharing is not None and self.sharing.mps:
+        plan = self.plan
+        if plan is not None and plan.sharing is not None:
             os.makedirs(self.root.path, exist_ok=True)
-            atomic_write_json(self.root.ready_file, ready_document(self.sharing, self.plans), mode=0o644)
+            atomic_write_json(self.root.ready_file, ready_document(plan.sharing, plan.daemons), mode=0o644)
         if not self.ready:
             self.log.info("mps_ready", resources=[d.resource for d in self.daemons])
             sdnotify.notify(ready=True, status=f"{len(self.daemons)} MPS control daemon(s) running")
@@ -134,21 +148,18 @@ class MpsAgent:
     # -- the loop ---------------------------------------------------------------------------------------
     async def step(self) -> float:
         """Bring the daemons up (or notice they are down); seconds until the next check."""
-        if self.sharing is None or not self.sharing.mps or not self.plans:
-            if self.sharing is not None and self.sharing.mps:
-                self._set_ready()  # nothing to run: ready, with no resource
-            else:
-                self.ready, self.reason = True, ""
+        plan = self.plan
+        if plan is None or plan.sharing is None or not plan.daemons:
+            self._set_ready()  # nothing to run (an MPS plan without devices: a .ready with no resource)
             return 3600.0
         if not self.daemons:
             binary, looked = find_control_binary(self.opts.driver_root)
             if binary is None:
-                self._unready(
-                    f"nvidia-cuda-mps-control not found under the driver root (looked at {', '.join(looked)})"
-                )
+                where = ", ".join(looked)
+                self._unready(f"nvidia-cuda-mps-control not found under the driver root (looked at {where})")
                 self.metrics.count_error("binary")
                 return self.opts.retry_interval
-            self.daemons = [ControlDaemon(p, self.root, binary, self.environ) for p in self.plans]
+            self.daemons = [ControlDaemon(p, self.root, binary, self.opts.environ) for p in plan.daemons]
         down = [d for d in self.daemons if not d.started()]
         if not down:
             if not self.ready:
@@ -197,16 +208,30 @@ class MpsAgent:
         self.daemons = []
 
     async def reload(self) -> None:
-        """SIGHUP: plan again; the daemons are restarted when the plan changed."""
-        assert self.nvml is not None
-        before = (self.sharing, self.plans)
-        await self.plan(self.nvml)
-        if (self.sharing, self.plans) != before:
+        """SIGHUP: plan again; the daemons are restarted when the plan changed (a refused file keeps
+        the daemons as they are, logged as ``reload_failed``)."""
+        try:
+            changed = await self.make_plan()
+        except PlanFailed as exc:
+            self.log.error("mps_plan_failed", error=str(exc), keeping="the current daemons")
+            return
+        if changed:
             self.log.info("mps_config_changed", action="restarting the control daemons")
             await self.stop_daemons()
         self.wake.set()
 
+    async def _first_plan(self) -> None:
+        while True:
+            try:
+                await self.make_plan()
+                return
+            except PlanFailed as exc:
+                self._unready(f"planning failed: {exc}")
+                self.metrics.count_error("plan")
+                await asyncio.sleep(self.opts.retry_interval)
+
     async def _loop(self) -> None:
+        await self._first_plan()
         while True:
             delay = await self.step()
             self.wake.clear()
@@ -214,12 +239,11 @@ class MpsAgent:
                 await asyncio.wait_for(self.wake.wait(), delay)
 
     async def run(self) -> None:
-        self.nvml: Nvml | None = await self.open_nvml()
         try:
-            await self.plan(self.nvml)
+            if self.http is not None:
+                self.http.add_check("mps", lambda: (self.ready, self.reason or "ready"))
             async with asyncio.TaskGroup() as tg:
                 if self.http is not None:
-                    self.http.add_check("mps", lambda: (self.ready, self.reason or "ready"))
                     tg.create_task(self.http.serve(), name="http")
                 tg.create_task(sdnotify.watchdog_task(), name="watchdog")
                 tg.create_task(on_sighup(self.reload, metrics=self.metrics, log=self.log), name="sighup")
@@ -227,5 +251,3 @@ class MpsAgent:
         finally:
             sdnotify.notify(stopping=True, status="stopping")
             await self.stop_daemons()
-            with contextlib.suppress(Exception):
-                await self.nvml.close()

@@ -2,70 +2,74 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import json
+import sys
 
 from gpunode.agent.main import AgentContext, AgentSpec, Started
-from gpunode.api.plugin_types import MPS_MIXED_REFUSAL, TimeSlicing
+from gpunode.api.mps import DEFAULT_ROOT
 from gpunode.common.errors import UsageError
-from gpunode.common.logging import get_logger
-from gpunode.mps.agent import MpsAgent, MpsOptions
+from gpunode.mps.agent import MpsAgent, MpsOptions, Plan, PlanFailed
 from gpunode.mps.settings import MpsSettings
 
-if TYPE_CHECKING:
-    from gpunode.api.plugin_config import PluginConfig
+__all__ = ["SPEC", "main", "planner_command"]
 
-__all__ = ["SPEC", "main"]
+PLAN_TIMEOUT = 120.0
 
 
-def sharing_of(config: PluginConfig | None) -> TimeSlicing | None:
-    """The file's effective sharing settings; what it sets that is ignored is logged, as the plugin does."""
-    if config is None:
-        return None
-    from gpunode.api.plugin_config import EXTENSIONS_HINT
-
-    log = get_logger("gpunode.mps")
-    for message in config.ignored_fields():
-        log.warning("config_field_ignored", detail=message, hint=EXTENSIONS_HINT)
-    for message in config.overridden_fields():
-        log.warning("config_field_ignored", detail=message)
-    return config.time_slicing()
+def planner_command(s: MpsSettings, *, mig_strategy_given: bool) -> list[str]:
+    """The planning child's command line (:mod:`gpunode.mps.plan`)."""
+    common = s.common
+    cmd = [sys.executable, "-m", "gpunode.mps.plan", "--driver-root", common.driver_root]
+    if common.config_file:
+        cmd += ["--config-file", common.config_file]
+    if mig_strategy_given:
+        cmd += ["--mig-strategy", s.mig_strategy]
+    if common.simulate is not None:
+        cmd += ["--simulate", common.simulate]
+    if common.sim_state is not None:
+        cmd += ["--sim-state", common.sim_state]
+    return cmd
 
 
 def start(ctx: AgentContext[MpsSettings]) -> Started:
     s = ctx.settings
-    config_file = s.common.config_file
-    first = sharing_of(ctx.parsed.config)
-    if first is not None and first.mps and s.mig_strategy == "mixed":
-        raise UsageError(MPS_MIXED_REFUSAL)
-    pending: list[TimeSlicing | None] = [first]
+    sources = ctx.parsed.sources
+    # flag > env > the file's flags.* > default: the file is read by the planning child
+    cmd = planner_command(s, mig_strategy_given=sources.get("mig_strategy", "default") != "default")
+    root_given = sources.get("mps_root", "default") != "default"
 
-    def read_sharing() -> TimeSlicing | None:
-        if pending:  # the start's reading, once
-            return pending.pop()
-        if not config_file:
-            return None
-        from gpunode.api.plugin_config import PluginConfig
-        from gpunode.common.config import load_config
-
-        return sharing_of(load_config(config_file, PluginConfig))
+    async def planner() -> Plan:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(ctx.environ)
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), PLAN_TIMEOUT)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise PlanFailed(f"planning took more than {PLAN_TIMEOUT:.0f} s") from None
+        text = err.decode("utf-8", "replace").strip()
+        if proc.returncode == 2:
+            raise UsageError(text)
+        if proc.returncode != 0:
+            raise PlanFailed(text or f"exit {proc.returncode}")
+        try:
+            return Plan.from_json(json.loads(out))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlanFailed(f"unreadable plan: {exc}") from None
 
     opts = MpsOptions(
-        mps_root=s.mps_root,
+        mps_root=s.mps_root if root_given else None,
+        default_root=DEFAULT_ROOT,
         driver_root=s.common.driver_root,
-        config_source=config_file or "sharing.mps",
         watch_interval=s.watch_interval,
         retry_interval=s.retry_interval,
         http_host=s.http.listen_host(ctx.environ),
         http_port=None if s.http.http_port < 0 else s.http.http_port,
+        environ=dict(ctx.environ),
     )
-    agent = MpsAgent(opts, ctx.open_nvml, read_sharing, environ=ctx.environ)
-    return Started(agent.run(), {"mps_root": s.mps_root})
-
-
-def _config_model() -> type[PluginConfig]:
-    from gpunode.api.plugin_config import PluginConfig  # pydantic only when a file is given
-
-    return PluginConfig
+    return Started(MpsAgent(opts, planner).run())
 
 
 SPEC = AgentSpec(
@@ -74,6 +78,6 @@ SPEC = AgentSpec(
     settings_type=MpsSettings,
     start=start,
     description=__doc__,
-    config_model=_config_model,
+    uses_nvml=False,  # the planning child opens NVML; the resident agent never loads it
 )
 main = SPEC.main

@@ -118,7 +118,8 @@ class ControlDaemon:
     async def start(self) -> None:
         """Start the daemon (a leftover one of this pipe directory is told to quit first), set the
         limits, check it answers, write ``.started``. Raises :class:`MpsCommandError`/``OSError``."""
-        for directory in (self.root.pipe_dir(self.resource), self.root.log_dir(self.resource)):
+        dirs = (self.root.pipe_dir(self.resource), self.root.log_dir(self.resource), self.root.shm_dir)
+        for directory in dirs:
             os.makedirs(directory, mode=0o755, exist_ok=True)
         self.forget_started()
         if self._has_socket():

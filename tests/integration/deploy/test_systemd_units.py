@@ -22,7 +22,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 UNIT_DIR = ROOT / "systemd"
 UNITS = sorted(p.name for p in UNIT_DIR.glob("*.service"))
-ROOT_UNITS = {"gpunode-driver-loader.service", "gpunode-mig-manager.service"}
+# Units that keep capabilities (the MPS control daemon: CAP_SETUID/CAP_SETGID to start MPS servers as
+# their clients' users).
+ROOT_UNITS = {
+    "gpunode-driver-loader.service",
+    "gpunode-mig-manager.service",
+    "gpunode-mps-control-daemon.service",
+}
 # `systemd-analyze security --offline=yes` overall exposure, at most: the units' values (was 5.0 for the
 # two root units and 2.0 for the others; before issue 14's hardening: loader 3.5, MIG manager 3.2,
 # device plugin 1.8, feature discovery 1.8, exporter 1.4).
@@ -32,6 +38,7 @@ EXPOSURE = {
     "gpunode-device-plugin.service": 1.6,
     "gpunode-feature-discovery.service": 1.6,
     "gpunode-exporter.service": 1.3,
+    "gpunode-mps-control-daemon.service": 2.2,
 }
 EXPECTED = {
     "gpunode-driver-loader.service",
@@ -39,6 +46,7 @@ EXPECTED = {
     "gpunode-device-plugin.service",
     "gpunode-feature-discovery.service",
     "gpunode-exporter.service",
+    "gpunode-mps-control-daemon.service",
 }
 CLIENTS = ["gpunode-device-plugin.service", "gpunode-feature-discovery.service", "gpunode-exporter.service"]
 
@@ -83,6 +91,19 @@ HARDENING = {
         30,
     ),
     # The agents to SIGHUP are found in /proc; hooks and nvidia-modprobe run with its umask.
+    # The control daemons and their MPS servers run in the unit as well: limits for them; UMask 0022 so
+    # that the clients' users reach the pipe directories.
+    "gpunode-mps-control-daemon.service": Hardening(
+        "mps-control-daemon",
+        "",
+        9456,
+        "1G",
+        1024,
+        "0022",
+        "invisible",
+        frozenset({"CAP_SETUID", "CAP_SETGID"}),
+        30,
+    ),
     "gpunode-mig-manager.service": Hardening(
         "mig-manager",
         "",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpunode.api.mps import (
@@ -17,6 +19,7 @@ from gpunode.api.mps import (
     plan_daemons,
     ready_document,
     ready_resources,
+    sharing_document,
 )
 from gpunode.api.plugin_config import PluginConfig
 from gpunode.api.plugin_types import SharedResource, TimeSlicing
@@ -270,7 +273,7 @@ def test_refusals(sharing: TimeSlicing, gpus: list[MpsGpu], path: str, reason: s
 def test_ready_document_round_trip_and_mismatch() -> None:
     sharing = mps(SharedResource(GPU, 4))
     plans = plan_daemons(sharing, [gpu(0), gpu(1, 81920)])
-    doc = ready_document(sharing, plans)
+    doc = ready_document(sharing_document(sharing), plans)
     ready = ready_resources(doc, sharing)
     assert ready == {GPU: ReadyResource(25, {"GPU-00000000": 10240, "GPU-00000001": 20480})}
     assert ready_resources(doc, mps(SharedResource(GPU, 2))) is None  # written for other settings
@@ -287,6 +290,11 @@ def test_client_env_counts_the_containers_devices_from_zero() -> None:
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M,1=10240M",
     }
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in client_env(GPU, ReadyResource(50, {}), ["GPU-a"])
+
+
+def test_plans_travel_as_json() -> None:
+    plans = plan_daemons(mps(SharedResource(GPU, 4)), [gpu(0), gpu(1, 81920, (7, 0))])
+    assert [DaemonPlan.from_json(json.loads(json.dumps(p.to_json()))) for p in plans] == plans
 
 
 def test_daemon_plan_most_replicas_decides_threads() -> None:
