@@ -41,8 +41,15 @@ ABSENT = {
     "DCGM_FI_DEV_RETIRED_DBE",
     "DCGM_FI_DEV_RETIRED_PENDING",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0",
+    # no multi-node NVLink fabric on a DGX H100 (tests/unit/exporter/test_exp_golden.py: gb200-nvl4 has them)
+    "DCGM_FI_DEV_FABRIC_MANAGER_STATUS",
+    "DCGM_FI_DEV_FABRIC_MANAGER_ERROR_CODE",
+    "DCGM_FI_DEV_FABRIC_CLIQUE_ID",
+    "DCGM_FI_DEV_FABRIC_HEALTH_MASK",
+    "DCGM_FI_DEV_FABRIC_HEALTH_SUMMARY",
 }
-ABSENT_LABELS = {"DCGM_FI_DEV_POWER_INFOROM_VER"}  # the simulated H100 reports no power InfoROM object
+# the simulated H100 reports no power InfoROM object, and is on no NVLink fabric
+ABSENT_LABELS = {"DCGM_FI_DEV_POWER_INFOROM_VER", "DCGM_FI_DEV_FABRIC_CLUSTER_UUID"}
 
 
 def every_field_file() -> str:
