@@ -57,6 +57,7 @@ from gpunode.toolkit.cdi import (
     render,
     validate_kind,
 )
+from gpunode.toolkit.cdi_imex import build_imex_spec, discover_channels, is_imex_kind
 from gpunode.toolkit.hook import hook_problem, install_hook, is_gpunode_hook
 from gpunode.toolkit.settings import CdiGenerateSettings, CdiListSettings, CdiSpecSettings
 
@@ -164,7 +165,11 @@ def prepare_hook(job: GenerateJob, install: bool, log: Logger) -> None:
 
 
 async def snapshot(nvml: Nvml, job: GenerateJob, log: Logger) -> Spec:
-    """The spec of the devices NVML reports now (discovery warnings are logged)."""
+    """The spec of the devices NVML reports now (discovery warnings are logged); for the
+    ``imex-channel`` class, of the IMEX channel nodes (no NVML)."""
+    if is_imex_kind(job.opts.kind):
+        channels = await asyncio.to_thread(discover_channels, job.host, job.opts.dev_root)
+        return build_imex_spec(channels, job.opts)
     system = await nvml.system()
     gpus = await nvml.gpus()
     migs = {g.index: tuple(await nvml.mig_devices(g.index)) for g in gpus if g.mig_enabled}
