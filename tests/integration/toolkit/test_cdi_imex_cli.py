@@ -18,7 +18,7 @@ def test_generate_imex_channel_spec_for_the_device_plugins_kind(tmp_path: Path) 
     spec = tmp_path / "imex.json"
     out = subprocess.run(
         [TOOLKIT, "cdi", "generate", "--simulate", "t4x4", "--vendor", "k8s.device-plugin.nvidia.com",
-         "--class", "imex-channel", "--host-root", str(tmp_path), "--output", str(spec), "--no-install-hook"],
+         "--class", "imex-channel", "--host-root", str(tmp_path), "--output", str(spec)],
         capture_output=True,
         text=True,
         timeout=60,
