@@ -104,6 +104,13 @@ class SpecFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.siblings: list[SpecFile] = []
+
+    def sibling(self, name: str) -> SpecFile:
+        """Another spec file of ours next to this one (another kind), removed with it."""
+        other = SpecFile(self.path.with_name(name))
+        self.siblings.append(other)
+        return other
 
     def write(self, text: str) -> Path:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
@@ -142,9 +149,10 @@ def cdi_spec(name: str = "gpunode-test.yaml") -> Iterator[SpecFile]:
         try:
             yield spec
         finally:
-            for p in (spec.path, spec.path.with_name(f".{name}.tmp")):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
+            for f in (spec, *spec.siblings):
+                for p in (f.path, f.path.with_name(f".{f.path.name}.tmp")):
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
 
 
 # Run inside the container (python3 -c): what the container sees of the GPUs, as one JSON line.
