@@ -4,7 +4,9 @@ standing in for the real machine (--real-sim) it runs every agent on both sides 
 from __future__ import annotations
 
 import ctypes.util
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,9 +34,16 @@ def test_without_a_driver_exit_2_saying_so() -> None:
 
 
 def test_a_stand_in_node_of_another_product_shows_the_differences() -> None:
-    out = hw_check("--real-sim", "dgx-h100", "--preset", "dgx-a100")
+    out = hw_check("--real-sim", "dgx-h100", "--preset", "dgx-a100", "--keep")
     assert out.returncode == 1, out.stdout + out.stderr
     text = out.stdout
+    kept = Path(re.findall(r"\(kept (.+)\)", text)[0])
+    try:  # read-only: neither node's state was ever changed (no MIG mode, layout, reset: generation 0)
+        for side in ("real", "preset"):
+            state = json.loads((kept / f"{side}.json").read_text())
+            assert state["generation"] == 0, side
+    finally:
+        shutil.rmtree(kept)
     assert "preset: dgx-a100" in text
     assert "nvidia.com/gpu.product: real NVIDIA-H100-80GB-HBM3 | preset NVIDIA-A100-SXM4-40GB" in text
     assert "nvidia.com/gpu.family: real hopper | preset ampere" in text
