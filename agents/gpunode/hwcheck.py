@@ -106,11 +106,15 @@ class Side:
     work: Path
     host_root: Path
     state: Path | None
+    driver_root: str = "/"  # the real side's driver root (NVIDIA_DRIVER_ROOT), for every agent
     results: dict[str, Any] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
 
     def sim_args(self) -> list[str]:
-        return ["--sim-state", str(self.state)] if self.state is not None else []
+        """The flags that point an agent at this node: the simulator's state, or the real driver root."""
+        if self.state is not None:
+            return ["--sim-state", str(self.state)]
+        return ["--driver-root", self.driver_root] if self.driver_root != "/" else []
 
 
 def _real_host_root(directory: Path, own: Sequence[str] = OWN_PATHS) -> Path:
@@ -404,17 +408,24 @@ def parser() -> argparse.ArgumentParser:
         help="stand a simulated node with PRESET in for the real machine (tests) "
         "[env $GPUNODE_HWCHECK_REAL_SIM]",
     )
+    p.add_argument(
+        "--driver-root",
+        default=os.environ.get("NVIDIA_DRIVER_ROOT") or "/",
+        metavar="DIR",
+        help="where the real driver's files are (/run/nvidia/driver with the driver container) "
+        "[env $NVIDIA_DRIVER_ROOT] (default: /)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
     return p
 
 
-async def _real_product() -> tuple[str, int, str]:
+async def _real_product(driver_root: str) -> tuple[str, int, str]:
     """(product name, GPU count, driver version) from real NVML; :class:`HwCheckError` without a driver."""
     from gpunode.nvml.errors import NvmlError
     from gpunode.nvml.real import RealNvml
 
     try:
-        nvml = await RealNvml.open()
+        nvml = await RealNvml.open(None if driver_root == "/" else driver_root)
     except (NvmlError, OSError) as exc:
         raise HwCheckError(
             f"no NVIDIA driver: NVML could not start ({exc}); install and load the NVIDIA driver "
@@ -438,8 +449,8 @@ async def check(args: argparse.Namespace, work: Path) -> int:
         real = _simulated(work, args.real_sim, "real")
         where = f"a simulated {args.real_sim} node standing in for the real machine (--real-sim)"
     else:
-        product, count, driver = await _real_product()
-        real = Side("real", work, _real_host_root(work / "real-host"), None)
+        product, count, driver = await _real_product(args.driver_root)
+        real = Side("real", work, _real_host_root(work / "real-host"), None, driver_root=args.driver_root)
         where = f"this machine: {count} x {product}, driver {driver} (real NVML)"
     chosen = args.preset or choose_preset(product, count)
     if chosen is None:
