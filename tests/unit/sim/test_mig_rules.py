@@ -403,10 +403,11 @@ def test_second_4g_is_insufficient_resources() -> None:
         pytest.param((19, 0, 1), (19, 0, 1), id="same-1g-slot-twice"),
     ],
 )
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-b200", "gb200-nvl4"])
 def test_overlapping_placements_are_insufficient_resources(
-    first: tuple[int, int, int], second: tuple[int, int, int]
+    preset: str, first: tuple[int, int, int], second: tuple[int, int, int]
 ) -> None:
-    handle = _mig_gpu()
+    handle = _mig_gpu(preset)
     _create_at(handle, *first)
     with pytest.raises(pynvml.NVMLError_InsufficientResources):
         _create_at(handle, *second)
@@ -428,9 +429,11 @@ def test_adjacent_placements_do_not_overlap() -> None:
         pytest.param((9, 19, 14, 19), None, id="cgi-9,19,14,19-succeeds"),
     ],
 )
-def test_creation_order_matters(order: tuple[int, ...], fails_at: int | None) -> None:
-    """The MIG user guide's `nvidia-smi mig -cgi` example: the driver picks placements, so order matters."""
-    handle = _mig_gpu()
+@pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl4"])
+def test_creation_order_matters(preset: str, order: tuple[int, ...], fails_at: int | None) -> None:
+    """The MIG user guide's `nvidia-smi mig -cgi` example: the driver picks placements, so order matters
+    (the same 8-slot placement rules on Hopper and Blackwell)."""
+    handle = _mig_gpu(preset)
     for i, profile_id in enumerate(order):
         if i == fails_at:
             with pytest.raises(pynvml.NVMLError_InsufficientResources):
@@ -452,6 +455,10 @@ def test_creation_order_matters(order: tuple[int, ...], fails_at: int | None) ->
         pytest.param("dgx-a100", 19, 0, 1, 7, id="a100-1g@0-gi7"),
         pytest.param("dgx-a100", 19, 6, 1, 13, id="a100-1g@6-gi13"),
         pytest.param("dgx-h100", 9, 4, 4, 2, id="h100-3g@4-gi2"),
+        pytest.param("dgx-b200", 9, 4, 4, 2, id="b200-3g@4-gi2"),
+        pytest.param("dgx-b200", 15, 6, 2, 6, id="b200-1g.45gb@6-gi6"),
+        pytest.param("gb200-nvl4", 19, 6, 1, 13, id="gb200-1g@6-gi13"),
+        pytest.param("gb200-nvl4", 0, 0, 8, 0, id="gb200-7g@0-gi0"),
         pytest.param("a30x4", 0, 0, 4, 0, id="a30-4g@0-gi0"),
         pytest.param("a30x4", 5, 2, 2, 2, id="a30-2g@2-gi2"),
         pytest.param("a30x4", 14, 0, 1, 3, id="a30-1g@0-gi3"),
