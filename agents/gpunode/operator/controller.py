@@ -281,16 +281,19 @@ class ClusterPolicyController:
             return await self._failed(obj, str(exc), result, requeue=None)
         self.label_policy = label_policy(policy)
         nfd_nodes, gpu_nodes = await self._node_counts()
-        desired = assign_states(self.render(policy, self.namespace))
-        possible = assign_states(self.render(everything_on(policy), self.namespace))
+        try:
+            desired = assign_states(self.render(policy, self.namespace))
+            possible = assign_states(self.render(everything_on(policy), self.namespace))
+            wanted = {key_of(o) for s in desired for o in s.objects}
+            for k in (*wanted, *(key_of(o) for s in possible for o in s.objects)):
+                kind = resource_kind(k.api_version, k.kind)  # KeyError: a kind the client cannot write
+                if k.kind not in NOT_OWNED_KINDS:
+                    self._kinds.add(kind)
+        except (ConfigError, ValueError, KeyError) as exc:  # rendering refused it: nothing applied
+            why = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+            return await self._failed(obj, why, result, requeue=None)
         owner = _owner(obj)
         uid = str((obj.get("metadata") or {}).get("uid") or "")
-        wanted = {key_of(o) for s in desired for o in s.objects}
-        self._kinds.update(
-            resource_kind(k.api_version, k.kind)
-            for k in (*wanted, *(key_of(o) for s in possible for o in s.objects))
-            if k.kind not in NOT_OWNED_KINDS
-        )
         if self.cache is not None:
             self.cache.watch(sorted(self._kinds, key=lambda k: k.plural))
         try:
@@ -509,6 +512,9 @@ async def run_controller(
             except KubeError as exc:
                 on_pass(time.perf_counter() - started, False)
                 log.warning("reconcile_retry", error=str(exc), retry_in_s=work.retry(key))
+            except Exception:  # a bug must not stop the controller: logged, retried with backoff
+                on_pass(time.perf_counter() - started, False)
+                log.exception("reconcile_error", retry_in_s=work.retry(key))
             else:
                 on_pass(time.perf_counter() - started, True)
                 work.forget(key)

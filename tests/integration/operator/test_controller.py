@@ -483,3 +483,30 @@ async def test_a_409_fails_the_pass_and_the_next_one_converges(tmp_path: Path) -
         error = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Error")
         assert error["status"] == "False"
         assert len(gpunode_daemonsets(c.api)) == 6
+
+
+async def test_a_policy_rendering_refuses_is_not_ready_naming_why_and_applies_nothing(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        await c.until_ready()
+        running = {d["metadata"]["name"]: d["metadata"]["resourceVersion"] for d in gpunode_daemonsets(c.api)}
+
+        def unknown_kind(p: Any, namespace: str) -> Mapping[str, Sequence[dict[str, Any]]]:
+            out = dict(render(p, namespace))
+            widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+            return {**out, "common": [*out["common"], widget]}
+
+        def refused(p: Any, namespace: str) -> Mapping[str, Sequence[dict[str, Any]]]:
+            raise ValueError("spec.dcgmExporter.serviceMonitor.scrapeTimeout: longer than the interval")
+
+        for renderer, why in ((unknown_kind, "unknown kind Widget"), (refused, "scrapeTimeout")):
+            controller = ClusterPolicyController(c.kube, renderer, namespace=NS)
+            result = await controller.reconcile()
+            assert (result.state, result.applied, result.deleted) == ("notReady", [], [])
+            error = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Error")
+            assert error["status"] == "True"
+            assert why in error["message"]
+        assert {
+            d["metadata"]["name"]: d["metadata"]["resourceVersion"] for d in gpunode_daemonsets(c.api)
+        } == (running)
+        result = await c.controller.reconcile()  # rendering works again: ready, nothing rewritten
+        assert (result.state, result.applied) == ("ready", [])

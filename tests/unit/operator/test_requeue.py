@@ -143,3 +143,13 @@ async def test_a_failed_pass_is_retried_with_growing_backoff_then_forgotten() ->
         assert (work.failures(KEY), work.next_due()) == (0, None)  # a success resets the backoff
     finally:
         await stop(task)
+
+
+async def test_a_bug_in_a_pass_does_not_stop_the_loop() -> None:
+    _, seen, _, task = await run_script([RuntimeError("a bug"), ReconcileResult(state="ready")])
+    try:
+        await until(lambda: ("pass", "ready") in seen, 30)
+        assert seen == [("queued", 0.0), ("queued", 0.1), ("pass", "ready")]
+        assert not task.done()
+    finally:
+        await stop(task)
