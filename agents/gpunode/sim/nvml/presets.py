@@ -333,8 +333,8 @@ B200 = Product(
 # 186 GB HBM3e: the MIG names 1g.23gb/1g.47gb/3g.93gb/7g.186gb fix the total between 185 and 186 GiB;
 # 189471 MiB is inferred within that range. The 1g/1g+me/1g.47gb/2g.47gb rows are the production
 # boards' `-lgip` (mig-parted #227: 22.00 and 45.50 GiB, 18/32/38 SMs). Inferred: the subsystem id, SM
-# count (152), power (1200 W per GPU in NVL72 at the top of the published range), clocks, and the
-# 3g/4g/7g rows (see _gb100).
+# count (152), power (1200 W per GPU in NVL72 at the top of the published range), clocks, the PCIe link
+# NVML reports (the GPU reaches its Grace CPU over NVLink-C2C) and the 3g/4g/7g rows (see _gb100).
 GB200 = Product(
     key="gb200",
     name="NVIDIA GB200",
@@ -366,6 +366,7 @@ GB200 = Product(
         "min_power_w",
         "max_sm_clock",
         "max_mem_clock",
+        "pcie_gen",
         "gi_profiles[3g,4g,7g]",
     ),
 )
@@ -375,7 +376,8 @@ GB200 = Product(
 # 94 GB HBM3, NVML name "NVIDIA H100 NVL", device 0x2321 (pci.ids GH100 [H100L 94GB]) subsystem 0x1839,
 # 95830 MiB (nvidia-smi), 132 SMs, 350-400 W configurable, boost 1785 MHz, PCIe Gen5 x16. MIG: the H100
 # table (mig.md §5.4: "H100 NVL shows the identical -lgipp") with the 94 GB names 1g.12gb .. 7g.94gb.
-# Inferred: the per-profile memory (H100 80GB's GiB scaled by 95830/81559) and idle power.
+# Inferred: the per-profile memory (H100 80GB's GiB scaled by 95830/81559), idle power and the 200 W
+# floor of the power limit.
 H100_NVL = Product(
     key="h100-nvl",
     name="NVIDIA H100 NVL",
@@ -395,7 +397,7 @@ H100_NVL = Product(
     compute_slices=7,
     memory_slices=8,
     gi_profiles=_gh100({"1g": 11008, "2g": 22144, "4g": 47488, "7g": 95360}),
-    inferred=("idle_w", "gi_profiles[memory]"),
+    inferred=("idle_w", "min_power_w", "gi_profiles[memory]"),
 )
 
 # -- Ada Lovelace (no MIG, no NVLink) -------------------------------------------------------------------
