@@ -123,8 +123,9 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         )
         api.apply("CustomResourceDefinition", crd(), manager=MANAGER)
         if any(o.get("kind") == "ServiceMonitor" for o in render(policy, namespace=NAMESPACE)):
-            api.apply("CustomResourceDefinition", cluster_cli.SERVICE_MONITOR_CRD, manager=MANAGER)
-            print("the policy asks for a ServiceMonitor: created a stand-in of the Prometheus operator's CRD")
+            for monitoring_crd in cluster_cli.MONITORING_CRDS:
+                api.apply("CustomResourceDefinition", monitoring_crd, manager=MANAGER)
+            print("the policy asks for a ServiceMonitor: created stand-ins of the Prometheus operator's CRDs")
         obj = clusterpolicy_object(policy)
         name = str(obj["metadata"]["name"])
         api.apply("ClusterPolicy", obj, manager=MANAGER)

@@ -69,14 +69,26 @@ class Daemonsets(ConfigModel):
     annotations: dict[str, str] = {}
 
 
+class AlertsSpec(ConfigModel):
+    enabled: bool = True
+
+
+class DashboardSpec(ConfigModel):
+    enabled: bool = False
+
+
 class ImageSpec(ConfigModel):
-    """gpunode's extension (``spec.gpunode``): the one image every agent runs from."""
+    """gpunode's extension (``spec.gpunode``): the one image every agent runs from, and monitoring:
+    ``alerts`` (the PrometheusRule, rendered beside the exporter's ServiceMonitor; default on) and
+    ``dashboard`` (the Grafana dashboard ConfigMap; default off). See docs/alerts.md."""
 
     repository: str = "ghcr.io/gpunode"
     image: str = "gpunode"
     version: str | None = None
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
+    alerts: AlertsSpec = AlertsSpec()
+    dashboard: DashboardSpec = DashboardSpec()
 
 
 class Rdma(ConfigModel):

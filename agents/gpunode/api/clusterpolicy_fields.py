@@ -282,7 +282,7 @@ def nvidia_spec_schema() -> Schema:
 
 # gpunode's own fields (not in NVIDIA's CRD): path -> schema. All honoured.
 EXTENSIONS: Mapping[str, Schema] = {
-    "spec.gpunode": _obj(**_image()),
+    "spec.gpunode": _obj(**_image(alerts=_obj(enabled=_bool()), dashboard=_obj(enabled=_bool()))),
     "spec.nfd": _obj(enabled=_bool()),
     "spec.devicePlugin.config.create": _bool(),
     "spec.devicePlugin.config.data": _str_map(),

@@ -60,6 +60,8 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "RuntimeClass": ("node.k8s.io", "runtimeclasses", False),
     "CustomResourceDefinition": ("apiextensions.k8s.io", "customresourcedefinitions", False),
     "ServiceMonitor": ("monitoring.coreos.com", "servicemonitors", True),
+    "PodMonitor": ("monitoring.coreos.com", "podmonitors", True),
+    "PrometheusRule": ("monitoring.coreos.com", "prometheusrules", True),
 }
 
 _WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
@@ -72,6 +74,9 @@ kind: ClusterPolicy
 spec:
   operator:
     runtimeClass: nvidia
+  gpunode:
+    dashboard:
+      enabled: true
   devicePlugin:
     config:
       name: any

@@ -29,6 +29,7 @@ import yaml
 
 from gpunode import __version__, registry
 from gpunode.api.clusterpolicy import ClusterPolicy, EnvVar, NamedConfig
+from gpunode.deploy.alerts import DASHBOARD_FILE, prometheus_rule
 from gpunode.deploy.nfd import nfd_images, render_nfd
 from gpunode.driver_loader.upgrade_state import DRIVER_DEPLOY_LABEL, driver_operands
 from gpunode.driver_loader.upgrade_state import RECORD_ANNOTATION as UPGRADE_RECORD_ANNOTATION
@@ -1033,7 +1034,40 @@ class _Renderer:
                     },
                 }
             )
+            objs.extend(self._monitoring(agent, sm.additional_labels, sm.interval))
+        if self.s.gpunode.dashboard.enabled:
+            objs.append(self._dashboard(agent))
         return objs, [], []
+
+    def _monitoring(self, agent: Agent, labels: dict[str, str], interval: str) -> list[Obj]:
+        """Beside the exporter's ServiceMonitor: a PodMonitor for the other agents' ``http`` port
+        (``/metrics``), and the alert rules (``spec.gpunode.alerts.enabled``), both with the
+        ServiceMonitor's additional labels so the same Prometheus selects them (docs/alerts.md)."""
+        meta = self._meta("gpunode-agents", agent)
+        meta["labels"] = {**labels, **self._common_labels()}
+        objs: list[Obj] = [
+            {
+                "apiVersion": "monitoring.coreos.com/v1",
+                "kind": "PodMonitor",
+                "metadata": meta,
+                "spec": {
+                    "selector": {"matchLabels": {"app.kubernetes.io/part-of": "gpunode"}},
+                    "namespaceSelector": {"matchNames": [self.ns]},
+                    "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": interval}],
+                },
+            }
+        ]
+        if self.s.gpunode.alerts.enabled:
+            objs.append(prometheus_rule(self.ns, {**labels, **self._common_labels()}))
+        return objs
+
+    def _dashboard(self, agent: Agent) -> Obj:
+        """The Grafana dashboard as a ConfigMap for Grafana's dashboard sidecar (``grafana_dashboard:
+        "1"``, kube-prometheus-stack's default), with ``spec.gpunode.dashboard.enabled``."""
+        meta = self._meta("gpunode-dashboard", agent)
+        meta["labels"] = {**self._common_labels(), "grafana_dashboard": "1"}
+        text = resources.files("gpunode.deploy").joinpath(DASHBOARD_FILE).read_text(encoding="utf-8")
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {DASHBOARD_FILE: text}}
 
     def _mig_manager(self, agent: Agent) -> tuple[list[Obj], list[Obj], list[Obj]]:
         mm = self.s.mig_manager

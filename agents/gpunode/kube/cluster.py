@@ -97,6 +97,8 @@ _KINDS: tuple[ResourceKind, ...] = (
         False,
     ),
     ResourceKind("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", True),
+    ResourceKind("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors", True),
+    ResourceKind("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules", True),
     ResourceKind(NODE_FEATURE_GROUP, "v1alpha1", "NodeFeature", "nodefeatures", True),
     ResourceKind(NODE_FEATURE_GROUP, "v1alpha1", "NodeFeatureRule", "nodefeaturerules", False),
 )

@@ -22,6 +22,7 @@ from gpunode.sim.apiserver import FakeApiServer
 
 __all__ = [
     "GPU_NODE_LABELS",
+    "MONITORING_CRDS",
     "OTHER_NODE_LABELS",
     "SERVICE_MONITOR_CRD",
     "Progress",
@@ -46,38 +47,37 @@ GPU_NODE_LABELS = {
     NFD + "pci-0302_10de.present": "true",
 }
 OPERATOR_LABEL_PREFIX = "nvidia.com/"
-# A stand-in for the Prometheus operator's CRD, for a policy that asks for the exporter's ServiceMonitor (a
-# real cluster needs the Prometheus operator installed for that).
-SERVICE_MONITOR_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "ServiceMonitor",
-            "listKind": "ServiceMonitorList",
-            "plural": "servicemonitors",
-            "singular": "servicemonitor",
+
+
+# Stand-ins for the Prometheus operator's CRDs, for a policy that asks for the exporter's ServiceMonitor
+# (and with it the PodMonitor and the PrometheusRule); a real cluster needs the Prometheus operator.
+def _monitoring_crd(kind: str) -> dict[str, Any]:
+    plural = kind.lower() + "s"
+    open_spec = {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": open_spec}},
+                }
+            ],
         },
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
+    }
+
+
+SERVICE_MONITOR_CRD: dict[str, Any] = _monitoring_crd("ServiceMonitor")
+MONITORING_CRDS: tuple[dict[str, Any], ...] = tuple(
+    _monitoring_crd(kind) for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+)
 
 
 def _count(text: str) -> int:

@@ -196,7 +196,7 @@ def test_rendered_manifests_apply_as_kubectl_would(api: FakeApiServer, golden: s
         status, discovered = call(api, "GET", listing)
         resources = discovered.get("resources", []) if status == 200 else []
         found = [r for r in resources if r["kind"] == doc["kind"] and "/" not in r["name"]]
-        if doc["kind"] == "ServiceMonitor":
+        if doc["apiVersion"] == "monitoring.coreos.com/v1":  # ServiceMonitor, PodMonitor, PrometheusRule
             assert (status, found) == (404, []), doc["metadata"]["name"]
             continue
         assert len(found) == 1, (doc["kind"], group_version)
