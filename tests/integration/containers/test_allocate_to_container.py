@@ -1,9 +1,10 @@
 """End to end, as a kubelet with a CDI-enabled runtime does it: a simulated dgx-a100 (MIG on GPU 0 with
 the all-balanced layout, GPUs 1-7 whole) -> `gpunode-device-plugin --device-list-strategy cdi-cri` as a
 real process registered with the kubelet emulator -> `Allocate` -> the CDI names in the response ->
-`podman run --device <name>` with gpunode's spec -> the container sees exactly the allocated GPU (for a
-MIG device: its GPU's node and its two capability nodes only).
-"""
+`podman run --device <name>` with the specs `gpunode-toolkit cdi generate` writes when run as the
+rendered DaemonSet runs it (`--also-kind k8s.device-plugin.nvidia.com/gpu`: the kind of the plugin's
+names) -> the container sees exactly the allocated GPU (for a MIG device: its GPU's node and its two
+capability nodes only)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from gpunode.device_plugin.allocation import CDI_KIND as PLUGIN_CDI_KIND
 from gpunode.sim import nvml as sim
 from gpunode.sim.kubelet import FakeKubelet
 from helpers.fakedriver import FakeDriver
@@ -113,12 +116,6 @@ async def allocate(kubelet: FakeKubelet, resource: str) -> list[str]:
     return names
 
 
-def kind_of(names: list[str]) -> str:
-    kinds = {n.split("=", 1)[0] for n in names}
-    assert len(kinds) == 1, names
-    return kinds.pop()
-
-
 async def test_allocated_gpu_and_mig_device_reach_the_container(
     plugin: Path, kubelet: FakeKubelet, driver: FakeDriver, hook: str, cdi_dir: SpecFile, tmp_path: Path
 ) -> None:
@@ -126,38 +123,31 @@ async def test_allocated_gpu_and_mig_device_reach_the_container(
     by_uuid = {g.uuid: g for g in gpus}
     gpu_names = await allocate(kubelet, "nvidia.com/gpu")
     mig_names = await allocate(kubelet, "nvidia.com/mig-3g.20gb")
-    # the spec of the kind the plugin names its devices with (see the test below)
-    kind = kind_of(gpu_names + mig_names)
-    spec = generate_spec(plugin, driver, hook, tmp_path / "spec.yaml", "--kind", kind)
-    cdi_dir.write((tmp_path / "spec.yaml").read_text())
-    spec_names = {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+    # the toolkit as the rendered DaemonSet runs it: nvidia.yaml, and the same devices under the kind the
+    # device plugin names them with, in a file of its own next to it
+    out = tmp_path / "cdi"
+    generate_spec(plugin, driver, hook, out / "nvidia.yaml", "--also-kind", PLUGIN_CDI_KIND)
+    specs = {}
+    for path in sorted(out.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        specs[doc["kind"]] = doc
+        (
+            cdi_dir if path.name == "nvidia.yaml" else cdi_dir.sibling(f"{cdi_dir.path.stem}-{path.name}")
+        ).write(path.read_text())
+    assert set(specs) == {"nvidia.com/gpu", PLUGIN_CDI_KIND}, sorted(specs)
+    names_in_specs = {f"{kind}={d['name']}" for kind, doc in specs.items() for d in doc["devices"]}
 
     assert len(gpu_names) == 1, gpu_names
-    assert gpu_names[0] in spec_names, (gpu_names, sorted(spec_names))
-    uuid = gpu_names[0].split("=", 1)[1]
+    assert gpu_names[0] in names_in_specs, (gpu_names, sorted(names_in_specs))
+    kind, uuid = gpu_names[0].split("=", 1)
     assert uuid in by_uuid, f"{gpu_names[0]} is not a whole GPU of the node"
     assert by_uuid[uuid].index != 0, "GPU 0 is in MIG mode: not a whole-GPU resource"
-    run_and_check(gpu_names, driver, spec, expect_gpus(by_uuid[uuid].minor))
+    run_and_check(gpu_names, driver, specs[kind], expect_gpus(by_uuid[uuid].minor))
 
     assert len(mig_names) == 1, mig_names
-    assert mig_names[0] in spec_names, (mig_names, sorted(spec_names))
-    mig_uuid = mig_names[0].split("=", 1)[1]
+    assert mig_names[0] in names_in_specs, (mig_names, sorted(names_in_specs))
+    kind, mig_uuid = mig_names[0].split("=", 1)
     gpu0 = next(g for g in gpus if g.index == 0)
     (mig,) = [m for m in migs[0] if m.uuid == mig_uuid]
     expected: Expected = expect_mig(driver, gpu0, mig)
-    run_and_check(mig_names, driver, spec, expected)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 16 item 1: the device plugin names k8s.device-plugin.nvidia.com/gpu=..., the toolkit's "
-    "spec (/var/run/cdi/nvidia.yaml as rendered) holds only nvidia.com/gpu: a pod's CDI devices do not "
-    "resolve on a node. Remove this marker once they agree.",
-)
-async def test_plugin_names_resolve_in_the_toolkit_default_spec(
-    plugin: Path, kubelet: FakeKubelet, driver: FakeDriver, hook: str, tmp_path: Path
-) -> None:
-    names = await allocate(kubelet, "nvidia.com/gpu")
-    spec = generate_spec(plugin, driver, hook, tmp_path / "spec.yaml")  # the toolkit's default kind
-    spec_names = {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
-    assert set(names) <= spec_names, (names, spec["kind"])
+    run_and_check(mig_names, driver, specs[kind], expected)
