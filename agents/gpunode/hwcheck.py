@@ -53,6 +53,7 @@ __all__ = ["choose_preset", "main", "mask"]
 
 PROG = "gpunode dev hw-check"
 STEP_TIMEOUT = 45.0  # seconds for one agent run
+TOTAL_BUDGET = 170.0  # seconds for the whole check: it finishes within 3 minutes whatever hangs
 PLUGIN_WATCH = 4.0  # how long the device plugin runs after it has advertised
 INHERITED = ("GPUNODE_SIM_STATE", "GPUNODE_SIMULATE", "GPUNODE_HOST_ROOT", "KUBECONFIG", "NODE_NAME")
 OWN_PATHS = ("var/lib/kubelet/device-plugins",)  # the temporary root's own directories; the rest links
@@ -174,9 +175,11 @@ async def _run(argv: Sequence[str], timeout: float = STEP_TIMEOUT) -> tuple[int,
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
+        await _kill(proc)
         return -1, "", f"did not finish within {timeout:.0f} s"
+    except BaseException:  # the check's own deadline: no agent is left behind
+        await _kill(proc)
+        raise
     return proc.returncode if proc.returncode is not None else -1, out.decode(), err.decode()
 
 
@@ -187,12 +190,22 @@ async def _long_running(argv: Sequence[str], event: str, log: Path) -> tuple[dic
         *_command(argv[0]), *argv[1:], stdout=handle, stderr=handle, env=_env()
     )
     deadline = time.monotonic() + STEP_TIMEOUT
-    while time.monotonic() < deadline and proc.returncode is None:
-        record = _find_event(log, event)
-        if record is not None:
-            return record, proc
-        await asyncio.sleep(0.1)
+    try:
+        while time.monotonic() < deadline and proc.returncode is None:
+            record = _find_event(log, event)
+            if record is not None:
+                return record, proc
+            await asyncio.sleep(0.1)
+    except BaseException:  # the check's own deadline: no agent is left behind
+        await _kill(proc)
+        raise
     return None, proc
+
+
+async def _kill(proc: Any) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    await asyncio.shield(proc.wait())
 
 
 def _find_event(log: Path, event: str) -> dict[str, Any] | None:
@@ -464,8 +477,16 @@ async def check(args: argparse.Namespace, work: Path) -> int:
     if len(PRESETS[chosen].gpus) != count:
         print(f"note: the preset has {len(PRESETS[chosen].gpus)} GPUs, the real side {count}: counts differ")
     differences = 0
+    deadline = started + TOTAL_BUDGET
     for step, run_step in STEPS:
-        await asyncio.gather(run_step(real), run_step(preset))
+        left = deadline - time.monotonic()
+        try:
+            if left < 5:
+                raise TimeoutError
+            await asyncio.wait_for(asyncio.gather(run_step(real), run_step(preset)), left)
+        except TimeoutError:
+            for side in (real, preset):
+                side.failures.setdefault(step, f"the check's {TOTAL_BUDGET:.0f} s budget ran out")
         failed = [f"{s.name}: {s.failures[step]}" for s in (real, preset) if step in s.failures]
         if failed:
             differences += 1

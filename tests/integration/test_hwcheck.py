@@ -59,3 +59,24 @@ def test_unknown_preset_exit_2_listing_presets() -> None:
     out = hw_check("--real-sim", "t4x4", "--preset", "dgx-z9")
     assert out.returncode == 2
     assert "dgx-a100" in out.stderr
+
+
+def test_the_budget_cuts_steps_short_and_leaves_no_agent_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import psutil
+
+    from gpunode import hwcheck
+
+    steps = dict(hwcheck.STEPS)
+    monkeypatch.setattr(hwcheck, "STEPS", (("device-plugin", steps["device-plugin"]), ("mig", steps["mig"])))
+    monkeypatch.setattr(hwcheck, "PLUGIN_WATCH", 600.0)  # the device plugins would serve far past the budget
+    monkeypatch.setattr(hwcheck, "TOTAL_BUDGET", 10.0)
+    for key in ("GPUNODE_SIM_STATE", "GPUNODE_SIMULATE", "GPUNODE_HOST_ROOT"):
+        monkeypatch.delenv(key, raising=False)
+    assert hwcheck.main(["--real-sim", "t4x4"]) == 1
+    text = capsys.readouterr().out
+    assert "== device-plugin: could not check" in text
+    assert "== mig: could not check" in text
+    assert "budget ran out" in text
+    assert psutil.Process().children(recursive=True) == []  # both device plugins were stopped
