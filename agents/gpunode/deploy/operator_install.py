@@ -74,6 +74,8 @@ kind: ClusterPolicy
 spec:
   operator:
     runtimeClass: nvidia
+  cdi:
+    enabled: false  # the legacy runtime path renders the RuntimeClass
   gpunode:
     dashboard:
       enabled: true
