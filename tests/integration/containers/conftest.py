@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -46,9 +47,16 @@ def podman_ready() -> str:
 
 
 @pytest.fixture(scope="session")
-def driver(tmp_path_factory: pytest.TempPathFactory, podman_ready: str) -> FakeDriver:
-    """The fake driver root of an 8-GPU node (the simulator's driver version)."""
-    return build_fake_driver(tmp_path_factory.mktemp("fake-driver"))
+def library_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the fake driver's libraries are built once for the session."""
+    return tmp_path_factory.mktemp("driver-libraries")
+
+
+@pytest.fixture(scope="session")
+def driver(tmp_path_factory: pytest.TempPathFactory, podman_ready: str, library_cache: Path) -> FakeDriver:
+    """The fake driver root of an 8-GPU node (the simulator's driver version), libraries under
+    usr/lib/x86_64-linux-gnu."""
+    return build_fake_driver(tmp_path_factory.mktemp("fake-driver"), library_cache=library_cache)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpunode.sim import nvml as sim
-from helpers.fakedriver import FakeDriver
+from helpers.fakedriver import FakeDriver, build_fake_driver
 from helpers.gpucontainers import expect_gpus, expect_mig, generate_spec, inventory, mig_apply, run_and_check
 from helpers.podman import SpecFile
 
@@ -77,3 +77,25 @@ async def test_mig_device_after_all_balanced(
         spec,
         type(first)(first.gpu_minors | second.gpu_minors, first.cap_minors | second.cap_minors),
     )
+
+
+@pytest.mark.parametrize("libdir", ["lib/x86_64-linux-gnu", "usr/lib64"])
+async def test_other_driver_layouts(
+    libdir: str,
+    node: Path,
+    podman_ready: str,
+    library_cache: Path,
+    hook: str,
+    cdi_dir: SpecFile,
+    tmp_path: Path,
+) -> None:
+    """Libraries under lib/x86_64-linux-gnu (NVIDIA's test driver root; /lib is a link to /usr/lib in
+    the container) or usr/lib64 reach the container and its linker cache all the same."""
+    driver = build_fake_driver(tmp_path / "driver-tree", libdir=libdir, library_cache=library_cache)
+    spec = generate_spec(node, driver, hook, tmp_path / "spec.yaml")
+    cdi_dir.write((tmp_path / "spec.yaml").read_text())
+    mounted = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
+    assert f"/{libdir}/libnvidia-ml.so.{driver.version}" in mounted, sorted(mounted)
+    gpus, _ = await inventory(node)
+    gpu3 = next(g for g in gpus if g.index == 3)
+    run_and_check(["nvidia.com/gpu=3"], driver, spec, expect_gpus(gpu3.minor))
