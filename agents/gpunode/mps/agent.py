@@ -159,7 +159,10 @@ class MpsAgent:
                 self._unready(f"nvidia-cuda-mps-control not found under the driver root (looked at {where})")
                 self.metrics.count_error("binary")
                 return self.opts.retry_interval
-            self.daemons = [ControlDaemon(p, self.root, binary, self.opts.environ) for p in plan.daemons]
+            self.daemons = [
+                ControlDaemon(p, self.root, binary, self.opts.environ, self.opts.driver_root)
+                for p in plan.daemons
+            ]
         down = [d for d in self.daemons if not d.started()]
         if not down:
             if not self.ready:

@@ -26,6 +26,8 @@ __all__ = ["BINARY_DIRS", "ControlDaemon", "MpsCommandError", "find_control_bina
 
 #: Where the control binary is looked for under the driver root, in order.
 BINARY_DIRS = ("usr/bin", "usr/local/bin", "usr/local/nvidia/bin", "bin", "usr/sbin")
+#: The driver root's library directories, searched first by the daemon and its servers (libcuda).
+LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib")
 COMMAND_TIMEOUT = 30.0
 
 
@@ -53,14 +55,32 @@ def _zombie(pid: int) -> bool:
         return False
 
 
+def driver_env(driver_root: str, binary: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """PATH (the control daemon finds ``nvidia-cuda-mps-server`` beside itself) and, for a driver root
+    other than ``/``, LD_LIBRARY_PATH with the root's library directories (NVIDIA chroots instead)."""
+    env = {"PATH": os.pathsep.join(p for p in (str(binary.parent), environ.get("PATH", "")) if p)}
+    if Path(driver_root).resolve() != Path("/"):
+        libs = [str(Path(driver_root) / d) for d in LIBRARY_DIRS if (Path(driver_root) / d).is_dir()]
+        if libs:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, *filter(None, [environ.get("LD_LIBRARY_PATH")])])
+    return env
+
+
 class ControlDaemon:
     """The control daemon of one :class:`DaemonPlan` under ``root``, run with ``binary``."""
 
-    def __init__(self, plan: DaemonPlan, root: MpsRoot, binary: Path, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        plan: DaemonPlan,
+        root: MpsRoot,
+        binary: Path,
+        environ: Mapping[str, str],
+        driver_root: str = "/",
+    ) -> None:
         self.plan = plan
         self.root = root
         self.binary = binary
-        self.env = {**environ, **plan.env(root)}
+        self.env = {**environ, **plan.env(root), **driver_env(driver_root, binary, environ)}
 
     @property
     def resource(self) -> str:
