@@ -12,7 +12,8 @@ containers/ci/containers.conf and the local base image (containers/ci/base-image
 Each round runs, in rotating order so the machine's noise falls on all alike, `podman run --rm
 --network none BASE true` with: no device; `--device nvidia.com/gpu=0`; `--device nvidia.com/gpu=all`;
 and, to tell the hooks' share, device 0 of the same spec generated with `--disable-hook all` (another
-kind, in a second file).
+kind, in a second file). Then each of the spec's hooks is timed alone, run as runc runs it (the OCI state
+on stdin) on a fresh copy of the image's root filesystem.
 Each is timed from spawn to exit (the whole podman command: create, hooks, start, wait, remove).
 Printed: p50/p90/max per case and the p50 overhead of each device case over no device. A report, not a
 test; exit 1 only when the set-up fails.
@@ -23,10 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -56,10 +60,41 @@ def start_once(image: str, extra: list[str]) -> float:
     return took
 
 
+def hook_times(image: str, spec: Path, rounds: int, work: Path) -> dict[str, float]:
+    """p50 ms of each of the spec's hooks run alone (as runc runs it: the OCI state on stdin) on a fresh
+    copy of the image's root filesystem per round."""
+    doc = yaml.safe_load(spec.read_text())
+    hooks = doc.get("containerEdits", {}).get("hooks") or []
+    created = podman.podman("create", image, "true", check=True).stdout.strip()
+    tar = work / "rootfs.tar"
+    try:
+        podman.podman("export", "-o", str(tar), created, check=True)
+    finally:
+        podman.podman("rm", created)
+    times: dict[str, list[float]] = {}
+    for round_no in range(rounds):
+        bundle = work / f"bundle{round_no}"
+        (bundle / "rootfs").mkdir(parents=True)
+        subprocess.run(["tar", "-xf", str(tar), "-C", str(bundle / "rootfs")], check=True)
+        config = {"ociVersion": "1.0.2", "root": {"path": str(bundle / "rootfs")}}
+        (bundle / "config.json").write_text(json.dumps(config))
+        state = json.dumps(
+            {"ociVersion": "1.0.2", "id": "bench", "status": "creating", "pid": 1, "bundle": str(bundle)}
+        )
+        for hook in hooks:
+            t0 = time.perf_counter()
+            subprocess.run(
+                [hook["path"], *hook["args"][1:]], input=state, text=True, capture_output=True, check=True
+            )
+            times.setdefault(hook["args"][1], []).append((time.perf_counter() - t0) * 1000)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--hook-rounds", type=int, default=10)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     reason = podman.why_podman_cannot_run()
@@ -88,6 +123,7 @@ def main() -> int:
                 order = names[round_no % len(names) :] + names[: round_no % len(names)]
                 for name in order:
                     times[name].append(start_once(image, CASES[name]) * 1000)
+        hooks = hook_times(image, spec_file, args.hook_rounds, base)
     summary: dict[str, dict[str, float]] = {}
     for name, values in times.items():
         ordered = sorted(values)
@@ -100,7 +136,8 @@ def main() -> int:
     for name in CASES:
         summary[name]["p50_overhead_ms"] = summary[name]["p50_ms"] - baseline
     if args.json:
-        print(json.dumps({"machine": machine_base(), "rounds": args.rounds, "results": summary}, indent=2))
+        report = {"machine": machine_base(), "rounds": args.rounds, "results": summary, "hooks_p50_ms": hooks}
+        print(json.dumps(report, indent=2))
         return 0
     print(
         f"machine: {machine_base()['cpu']}, {machine_base()['cpus_usable']} CPUs, load {load_average()}; "
@@ -112,6 +149,8 @@ def main() -> int:
             f"{name:<22} {row['p50_ms']:>8.1f} {row['p90_ms']:>8.1f} {row['max_ms']:>8.1f} "
             f"{row['p50_overhead_ms']:>16.1f}"
         )
+    print(f"the spec's hooks run alone (gpunode-cdi-hook, p50 of {args.hook_rounds}, ms): ", end="")
+    print(", ".join(f"{name} {ms:.1f}" for name, ms in hooks.items()) + f"; sum {sum(hooks.values()):.1f}")
     return 0
 
 
