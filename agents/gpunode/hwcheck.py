@@ -70,6 +70,7 @@ _UUID = re.compile(
 _BARE_UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 _BUS = re.compile(r"\b[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
 _SERIAL = re.compile(r"\b\d{10,}\b")
+_AGO = re.compile(r"\b\d+(\.\d+)? ?(ms|s|seconds?|min|minutes?) ago\b")
 
 
 class HwCheckError(Exception):
@@ -354,7 +355,10 @@ async def step_doctor(side: Side) -> None:
         return
     root = str(side.host_root)
     side.results["doctor"] = {
-        c["name"]: (c["status"], mask(str(c.get("detail", "")).replace(root, "<host-root>")))
+        c["name"]: (
+            c["status"],
+            _AGO.sub("<age>", mask(str(c.get("detail", "")).replace(root, "<host-root>"))),
+        )
         for c in report["checks"]
     }
 
