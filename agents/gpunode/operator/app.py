@@ -23,7 +23,6 @@ from gpunode.operator.controller import (
     ClusterPolicyController,
     ReconcileResult,
     Renderer,
-    node_counts,
     run_controller,
 )
 from gpunode.operator.labeller import NodeLabeller
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OperatorState", "election_timings", "resolve_namespace", "run_operator"]
 
-NODE_POLL_S = 1.0
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -109,7 +107,9 @@ async def run_operator(
 
     async def lead() -> None:
         status.leading = True
-        labeller = NodeLabeller(client)
+        work: WorkQueue[str] = WorkQueue()
+        # NVIDIA reconciles when a node gains or loses NFD's GPU labels: the labeller says when
+        labeller = NodeLabeller(client, on_membership=lambda: work.add(KEY))
         controller = ClusterPolicyController(
             client,
             render,
@@ -127,24 +127,6 @@ async def run_operator(
                 labeller.set_policy(controller.label_policy)
             on_result(result)
 
-        work: WorkQueue[str] = WorkQueue()
-
-        async def node_changes() -> None:
-            """NVIDIA reconciles when a node gains NFD's GPU labels: here, when the labeller's count of
-            NFD-labelled or GPU nodes changes (looked at only after it planned a node, so an idle
-            cluster costs nothing)."""
-            seen_plans = -1
-            counts: tuple[int, int] | None = None
-            while True:
-                await asyncio.sleep(NODE_POLL_S)
-                if labeller.stats.planned == seen_plans or not labeller.synced.is_set():
-                    continue
-                seen_plans = labeller.stats.planned
-                now = node_counts(n.labels for n in labeller.nodes.values())
-                if counts is not None and now != counts:
-                    work.add(KEY)
-                counts = now
-
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(labeller.run(), name="node-labeller")
@@ -154,7 +136,6 @@ async def run_operator(
                     ),
                     name="clusterpolicy",
                 )
-                group.create_task(node_changes(), name="node-changes")
         finally:
             status.leading = False
             metrics.attach(None, None)

@@ -16,7 +16,9 @@ failure puts the node back after a delay growing from 0.1 s to 3 s (NVIDIA's), p
 operator's status. A watch that fails is retried likewise (its 403 in :attr:`NodeLabeller.watch_error`).
 
 NVIDIA's controller lists every node on every event and patches changed ones one by one; here the cache
-and the queue do that work once per change.
+and the queue do that work once per change. ``on_membership`` is called whenever a node joins or leaves
+the NFD-labelled or the GPU nodes (NVIDIA reconciles the ClusterPolicy then): the operator core's cue,
+with no polling.
 
 Resource versions only move forward in the cache: an event older than what a patch or a read already
 showed is ignored. They are compared as numbers where both are decimal integers (etcd's and the test API
@@ -26,7 +28,7 @@ server's); others are taken in arrival order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,8 +80,10 @@ class NodeLabeller:
         concurrency: int = 10,
         retry: tuple[float, float] = (0.1, 3.0),
         conflicts_in_a_row: int = 5,
+        on_membership: Callable[[], None] = lambda: None,
     ) -> None:
         self.kube = kube
+        self.on_membership = on_membership
         self.policy = policy or LabelPolicy()
         self.concurrency = max(1, concurrency)
         self.retry = retry
@@ -192,6 +196,8 @@ class NodeLabeller:
         old = self.nodes.get(node.name)
         if not self._store(node):
             return
+        if _membership(old) != _membership(node):
+            self.on_membership()
         if old is None or old.labels != node.labels or old.annotations != node.annotations:
             self._enqueue(node.name)
 
@@ -204,7 +210,8 @@ class NodeLabeller:
         return True
 
     def _forget(self, name: str) -> None:
-        self.nodes.pop(name, None)
+        if _membership(self.nodes.pop(name, None)) != (False, False):
+            self.on_membership()
         self.errors.pop(name, None)
         self._failures.pop(name, None)
         handle = self._retries.pop(name, None)
@@ -316,6 +323,13 @@ class NodeLabeller:
         self._failures.pop(name, None)
         if self.errors.pop(name, None) is not None:
             self.log.info("labeller_node_recovered", node=name)
+
+
+def _membership(node: NodeSummary | None) -> tuple[bool, bool]:
+    """(NFD-labelled, GPU node); a node not there is neither."""
+    if node is None:
+        return False, False
+    return has_nfd_labels(node.labels), is_gpu_node(node.labels)
 
 
 def _older(version: str, than: str) -> bool:

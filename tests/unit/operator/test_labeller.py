@@ -193,3 +193,24 @@ async def test_a_later_sync_drops_nodes_missing_from_it() -> None:
 )
 def test_older(version: str, than: str, older: bool) -> None:
     assert _older(version, than) is older
+
+
+async def test_membership_changes_are_reported_and_nothing_else() -> None:
+    fake = FakeNodes(2)
+    calls: list[int] = []
+    async with labelling(fake, on_membership=lambda: calls.append(1)) as labeller:
+        await settled(fake, labeller)
+        assert len(calls) == 2  # both nodes joined (the first list)
+        fake.change("gpu-000", {"example.com/team": "a"})  # not about NFD or a GPU
+        await settled(fake, labeller)
+        assert len(calls) == 2  # our own label patches did not count either
+        fake.change("gpu-000", {"feature.node.kubernetes.io/pci-10de.present": None})  # lost its GPU
+        await settled(fake, labeller)
+        assert len(calls) == 3
+        fake.change("gpu-000", {"feature.node.kubernetes.io/cpu-model.vendor_id": "Intel"})  # NFD again
+        await settled(fake, labeller)
+        assert len(calls) == 4
+        fake.store.pop("gpu-001")
+        fake.events.put_nowait(NodeEvent("DELETED", NodeSummary("gpu-001", dict(NFD), {}, False, True, "99")))
+        await settled(fake, labeller)
+        assert len(calls) == 5
