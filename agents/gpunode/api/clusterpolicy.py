@@ -113,6 +113,14 @@ class Toolkit(ConfigModel):
     env: tuple[EnvVar, ...] = ()
 
 
+class Cdi(ConfigModel):
+    """``spec.cdi.enabled`` (default true, as NVIDIA's chart): the runtime injects devices from the CDI
+    spec (containerd ``enable_cdi``), the device plugin hands out CDI names; false: the legacy path,
+    NVIDIA's runtime handlers and a RuntimeClass (NVIDIA's runtime must be on the host)."""
+
+    enabled: bool = True
+
+
 class NamedConfig(ConfigModel):
     """``config``: an existing ConfigMap (``name``), or one to create from ``data`` (``create: true``)."""
 
@@ -192,6 +200,7 @@ class Spec(ConfigModel):
     gpunode: ImageSpec = ImageSpec()
     driver: Driver = Driver()
     toolkit: Toolkit = Toolkit()
+    cdi: Cdi = Cdi()
     device_plugin: DevicePlugin = DevicePlugin()
     dcgm_exporter: DcgmExporter = DcgmExporter()
     gfd: Gfd = Gfd()

@@ -401,7 +401,8 @@ REASONS: Mapping[str, str] = {
     "spec.driver.secretEnv": "the driver loader takes spec.driver.env",
     "spec.driver.licensingConfig": _SANDBOX,
     "spec.driver.virtualTopology": _SANDBOX,
-    "spec.toolkit.installDir": "gpunode's toolkit installs nothing on the host; it writes CDI specs",
+    "spec.toolkit.installDir": "gpunode's toolkit installs only its CDI hook program, at "
+    "/usr/local/gpunode/bin (gpunode-toolkit cdi generate --hook-path)",
     "spec.devicePlugin.mps": "MPS sharing is not supported by gpunode's device plugin",
     "spec.dcgmExporter.podAnnotations": "use spec.daemonsets.annotations",
     "spec.dcgmExporter.podLabels": "use spec.daemonsets.labels",
@@ -441,8 +442,10 @@ REASONS: Mapping[str, str] = {
     "spec.vgpuDeviceManager": _SANDBOX,
     "spec.kataManager": _SANDBOX,
     "spec.ccManager": _SANDBOX,
-    "spec.cdi": "gpunode's toolkit always writes CDI specs; how workloads get devices is the "
-    "runtime's choice",
+    "spec.cdi.default": "with spec.cdi.enabled every workload gets its devices through CDI; there is no "
+    "per-runtime-class default to choose",
+    "spec.cdi.nriPluginEnabled": "gpunode's toolkit enables CDI in the runtime's configuration instead of "
+    "serving an NRI plugin",
     "spec.hostPaths": "the agents find the host root and the driver root themselves",
 }
 

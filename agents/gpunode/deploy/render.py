@@ -40,6 +40,8 @@ from gpunode.kube.selectors import is_label_key
 from gpunode.mig import DEFAULT_JOURNAL
 from gpunode.mig.decisions import REASON_ANNOTATION as MIG_REASON_ANNOTATION
 from gpunode.mig.decisions import STATE_LABEL as MIG_STATE_LABEL
+from gpunode.toolkit.hook import DEFAULT_HOOK_DIR as HOOK_DIR
+from gpunode.toolkit.settings import TOOLKIT_DIR as NVIDIA_TOOLKIT_DIR
 
 __all__ = [
     "MAIN_VERBS",
@@ -266,15 +268,23 @@ def namespace_object(namespace: str) -> Obj:
 
 
 def requested_runtime_class(policy: ClusterPolicy) -> str | None:
-    """The RuntimeClass the policy asks GPU workloads to use, or None.
+    """The RuntimeClass GPU workloads use, or None.
 
-    No agent asks for one: they load NVML from the mounted driver root and run under the cluster's default
-    runtime. The RuntimeClass is for workloads, so it is rendered only when the policy names it
-    (``spec.operator.runtimeClass`` written in the policy, as NVIDIA's chart and samples do); the default
-    value alone renders nothing, so no pod can end up asking for a RuntimeClass that does not exist.
+    With CDI (``spec.cdi.enabled``, the default) workloads need none: the device plugin names CDI
+    devices and the runtime injects them. Only the legacy path (``spec.cdi.enabled: false``) renders
+    one, ``spec.operator.runtimeClass`` (default ``nvidia``), whose handler the toolkit registers,
+    running NVIDIA's runtime, which must then be on the host (the toolkit fails clearly otherwise).
+    No agent uses one: they load NVML from the mounted driver root.
     """
-    operator = policy.spec.operator
-    return operator.runtime_class if "runtime_class" in operator.model_fields_set else None
+    if policy.spec.cdi.enabled:
+        return None
+    return policy.spec.operator.runtime_class
+
+
+#: The kind of the CDI names the device plugin hands out (its own, as NVIDIA's plugin).
+PLUGIN_CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+#: Runtime configuration the toolkit edits, per runtime: (config dir, socket dir).
+RUNTIME_DIRS = {"containerd": ("/etc/containerd", "/run/containerd"), "crio": ("/etc/crio", "/var/run/crio")}
 
 
 def runtime_class_obj(name: str) -> Obj:
@@ -803,11 +813,14 @@ class _Renderer:
         return [self._daemonset(agent, pod, on_delete=True)], [nodes, pods, evict], []
 
     def _toolkit(self, agent: Agent) -> tuple[list[Obj], list[Obj], list[Obj]]:
-        env = self._base_env(agent) + self._nvml_env() + [_env("RUNTIME", self.s.operator.default_runtime)]
-        cmd = [*agent.command, "--output", "/var/run/cdi/nvidia.yaml"]
+        runtime = self.s.operator.default_runtime
+        env = self._base_env(agent) + self._nvml_env() + [_env("RUNTIME", runtime)]
+        # the device plugin's CDI names (k8s.device-plugin.nvidia.com/gpu=...) resolve in a second spec
+        cmd = [*agent.command, "--output", "/var/run/cdi/nvidia.yaml", "--also-kind", PLUGIN_CDI_KIND]
         mounts = [
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
-            _mount("cdi", "/var/run/cdi"),  # writes the CDI spec, nvidia.yaml
+            _mount("cdi", "/var/run/cdi"),  # writes the CDI specs
+            _mount("gpunode-bin", HOOK_DIR),  # installs gpunode-cdi-hook, which the specs' hooks run
         ]
         inits: list[Obj] = []
         if self.s.driver.enabled:
@@ -817,21 +830,56 @@ class _Renderer:
         first = self._container(agent, cmd, env, self.s.toolkit.env)
         first.update(name="cdi-generate", securityContext=_restricted(run_as_root=True), volumeMounts=mounts)
         inits.append(first)
+        volumes = [
+            _host_volume("driver-root", self.driver_root),
+            _host_volume("cdi", "/var/run/cdi", "DirectoryOrCreate"),
+            _host_volume("gpunode-bin", HOOK_DIR, "DirectoryOrCreate"),
+            _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
+            *([_host_volume("host-root", "/")] if not self.s.driver.enabled else []),
+        ]
+        configure = self._runtime_configure(agent, runtime, env)
+        if configure is not None:
+            container, extra = configure
+            inits.append(container)
+            volumes += extra
         inits.append(self._validate_init("toolkit", [_mount("cdi", "/var/run/cdi", read_only=True)]))
         main = self._container(agent, [*cmd, "--watch"], env, self.s.toolkit.env)
         main["securityContext"] = _restricted(run_as_root=True)
-        main["volumeMounts"] = mounts
-        pod: Obj = {
-            "initContainers": inits,
-            "containers": [main],
-            "volumes": [
-                _host_volume("driver-root", self.driver_root),
-                _host_volume("cdi", "/var/run/cdi", "DirectoryOrCreate"),
-                _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
-                *([_host_volume("host-root", "/")] if not self.s.driver.enabled else []),
-            ],
-        }
+        # cdi-generate installed the hook; the watch only checks it is current (no write)
+        main["volumeMounts"] = [*mounts[:2], _mount("gpunode-bin", HOOK_DIR, read_only=True)]
+        pod: Obj = {"initContainers": inits, "containers": [main], "volumes": volumes}
+        if configure is not None:
+            pod["hostPID"] = True  # the runtime's pid (its socket's peer) to signal it after a change
         return [self._daemonset(agent, pod)], [], []
+
+    def _runtime_configure(self, agent: Agent, runtime: str, env: list[Obj]) -> tuple[Obj, list[Obj]] | None:
+        """The init container that enables CDI in the runtime (``spec.cdi.enabled``), or registers
+        NVIDIA's handlers (legacy, ``false``; NVIDIA's runtime must be on the host, read under
+        ``/host``); None where there is nothing to configure (CRI-O reads CDI specs by itself; Docker
+        is not configured by gpunode)."""
+        legacy = not self.s.cdi.enabled
+        if runtime not in RUNTIME_DIRS or (runtime == "crio" and not legacy):
+            return None
+        config_dir, socket_dir = RUNTIME_DIRS[runtime]
+        cmd = ["gpunode-toolkit", "runtime", "configure", "--runtime", runtime, "--host-root", "/host"]
+        cmd += ["--restart-mode", "signal"]  # containerd: exits and its supervisor restarts it; CRI-O reloads
+        cmd += ["--no-enable-cdi"] if legacy else []
+        mounts = [
+            _mount("runtime-config", "/host" + config_dir),
+            _mount("runtime-socket", "/host" + socket_dir, read_only=True),
+        ]
+        volumes = [
+            _host_volume("runtime-config", config_dir, "DirectoryOrCreate"),
+            _host_volume("runtime-socket", socket_dir, "DirectoryOrCreate"),
+        ]
+        if legacy:  # only to check that NVIDIA's runtime binaries are there
+            mounts.append(_mount("nvidia-toolkit", "/host" + NVIDIA_TOOLKIT_DIR, read_only=True))
+            volumes.append(_host_volume("nvidia-toolkit", NVIDIA_TOOLKIT_DIR, "DirectoryOrCreate"))
+        container = self._container(agent, cmd, env, self.s.toolkit.env)
+        container.update(
+            name="runtime-configure", securityContext=_restricted(run_as_root=True), volumeMounts=mounts
+        )
+        return container, volumes
 
     def _validate_init(self, component: str, mounts: list[Obj]) -> Obj:
         env = [
@@ -865,7 +913,10 @@ class _Renderer:
         dp = self.s.device_plugin
         env = self._base_env(agent) + self._nvml_env("compute,utility")
         env += [_env("MIG_STRATEGY", self.s.mig.strategy), _env("FAIL_ON_INIT_ERROR", "true")]
-        env += [_env("DEVICE_LIST_STRATEGY", "envvar"), _env("NAMESPACE", self.ns)]
+        # CDI (default): the runtime injects what the CDI names say, no RuntimeClass (as NVIDIA's chart,
+        # both: annotations for runtimes that read them, the CRI field for those that read that)
+        strategy = "cdi-annotations,cdi-cri" if self.s.cdi.enabled else "envvar"
+        env += [_env("DEVICE_LIST_STRATEGY", strategy), _env("NAMESPACE", self.ns)]
         # No /var/run/cdi: the plugin neither reads nor writes CDI specs (it hands the kubelet CDI device
         # names; the runtime reads the toolkit's spec), and a writable spec directory would let it plant
         # hooks that the runtime runs as root for every GPU container.

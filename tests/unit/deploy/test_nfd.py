@@ -222,9 +222,15 @@ def test_the_agents_do_not_depend_on_nvidias_runtime() -> None:
             assert "runtimeClassName" not in pod, (name, pod_name)
 
 
-def test_runtime_class_rendered_only_when_the_policy_names_it(tmp_path: Path) -> None:
+def test_runtime_class_rendered_only_on_the_legacy_path(tmp_path: Path) -> None:
     assert not [o for o in render(load_policy(DEFAULT).policy) if o["kind"] == "RuntimeClass"]
-    policy = _policy(tmp_path, "spec:\n  operator:\n    runtimeClass: nvidia-gpu\n")
+    # CDI (the default): workloads need no RuntimeClass, even where the policy names one
+    named = _policy(tmp_path, "spec:\n  operator:\n    runtimeClass: nvidia-gpu\n")
+    assert not [o for o in render(named) if o["kind"] == "RuntimeClass"]
+    legacy = "spec:\n  cdi:\n    enabled: false\n"
+    default_name = [o for o in render(_policy(tmp_path, legacy)) if o["kind"] == "RuntimeClass"]
+    assert [(c["metadata"]["name"], c["handler"]) for c in default_name] == [("nvidia", "nvidia")]
+    policy = _policy(tmp_path, legacy + "  operator:\n    runtimeClass: nvidia-gpu\n")
     classes = [o for o in render(policy) if o["kind"] == "RuntimeClass"]
     assert [(c["metadata"]["name"], c["handler"]) for c in classes] == [("nvidia-gpu", "nvidia-gpu")]
     kubernetes_validate.validate(classes[0], K8S_VERSION, strict=True)

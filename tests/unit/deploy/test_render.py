@@ -162,7 +162,8 @@ def test_daemonset_conventions(name: str) -> None:
         env = {e["name"]: e for e in main_c["env"]}
         assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
         assert "hostIPC" not in pod, agent.name  # no agent uses the host's IPC namespace
-        assert pod.get("hostPID", False) is (agent.key in ("driver", "mig-manager"))
+        # the toolkit: to signal the runtime after enabling CDI in its configuration
+        assert pod.get("hostPID", False) is (agent.key in ("driver", "mig-manager", "toolkit"))
         for c in pod.get("initContainers", []) + pod["containers"]:
             sc = c["securityContext"]
             if agent.key in ("driver", "mig-manager") and not c["name"].startswith("wait-for"):
@@ -273,6 +274,8 @@ WRITABLE = {
     ("gpunode-mig-manager", "mig-manager", "/sys"): "GPU reset after a MIG mode change",
     ("gpunode-mig-manager", "mig-manager", "/var/lib/gpunode/mig"): "the apply journal",
     ("gpunode-toolkit", "cdi-generate", "/var/run/cdi"): "the CDI spec",
+    ("gpunode-toolkit", "cdi-generate", "/usr/local/gpunode/bin"): "installs gpunode-cdi-hook",
+    ("gpunode-toolkit", "runtime-configure", "/host/etc/containerd"): "enable_cdi in containerd's config",
     ("gpunode-toolkit", "toolkit", "/var/run/cdi"): "the CDI spec, rewritten on MIG changes",
     ("gpunode-toolkit", "toolkit-validation", "/run/nvidia/validations"): "toolkit-ready",
     (
