@@ -240,7 +240,7 @@ def _passes(log: Path) -> int:
     return sum(1 for line in log.read_text().splitlines() if '"event": "reconciled"' in line)
 
 
-def test_a_users_false_and_a_mig_pause_survive_every_reconcile_and_a_node_losing_its_gpu(
+def test_a_users_false_and_a_mig_pause_survive_every_reconcile_a_gpu_lost_and_hand_edits(
     sim: Target, tmp_path: Path
 ) -> None:
     t = sim
@@ -284,6 +284,31 @@ def test_a_users_false_and_a_mig_pause_survive_every_reconcile_and_a_node_losing
         assert not [k for k in labels["gpu-1"] if k.startswith(D)]
         assert labels["gpu-0"][D + "device-plugin"] == "false"  # still, after every pass since
         assert labels["gpu-a100"][D + "device-plugin"] == PAUSED
+
+        # hand edits of what the operator owns are put right by the running operator, on the watch event
+        ds = api.get("DaemonSet", "gpunode-device-plugin", t.namespace)
+        assert ds is not None
+        image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+        containers = [{**ds["spec"]["template"]["spec"]["containers"][0], "image": "example.com/other:1"}]
+        api.patch(
+            "DaemonSet",
+            "gpunode-device-plugin",
+            {"spec": {"template": {"spec": {"containers": containers}}}},
+            t.namespace,
+            manager="kubectl-edit",
+        )
+        api.delete("ConfigMap", "gpunode-nfd-worker-conf", t.namespace)
+
+        def put_right() -> bool:
+            now = api.get("DaemonSet", "gpunode-device-plugin", t.namespace) or {}
+            spec = now.get("spec", {}).get("template", {}).get("spec", {})
+            return (
+                spec.get("containers", [{}])[0].get("image") == image
+                and api.get("ConfigMap", "gpunode-nfd-worker-conf", t.namespace) is not None
+            )
+
+        wait_until(put_right, 20, interval=0.1)
+        assert '"event": "drift_corrected"' in log.read_text()
     finally:
         code = _stop(proc)
     assert code == 0, log.read_text()[-3000:]
