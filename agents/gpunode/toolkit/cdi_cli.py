@@ -322,7 +322,8 @@ def _list_file(path: str) -> int:
 def print_quietly(text: str) -> None:
     """Write ``text`` to stdout; a reader that went away (``| head -1``) ends the output quietly."""
     try:
-        sys.stdout.write(text)
+        if text:
+            sys.stdout.write(text)
         sys.stdout.flush()
     except BrokenPipeError:
         # nothing more can be written; point stdout at /dev/null so the exit's flush is quiet too

@@ -46,8 +46,12 @@ SPECS: Mapping[
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    split = split_verb("gpunode-toolkit", argv, tuple(GROUPS), __doc__)
-    if isinstance(split, int):
-        return split
-    group, rest = split
-    return GROUPS[group](rest, environ)
+    try:
+        split = split_verb("gpunode-toolkit", argv, tuple(GROUPS), __doc__)
+        if isinstance(split, int):
+            return split
+        group, rest = split
+        return GROUPS[group](rest, environ)
+    except BrokenPipeError:  # `gpunode-toolkit ... | head`: the reader left; end quietly
+        cdi_cli.print_quietly("")
+        return 0

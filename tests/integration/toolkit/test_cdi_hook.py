@@ -232,6 +232,16 @@ def test_list_into_a_closed_pipe_is_quiet(
     )
     assert proc.stdout == "nvidia.com/gpu=d0\n"
     assert proc.stderr == ""
+    for args in (
+        "--help",
+        "cdi generate --help",
+        "runtime status --runtime crio --help",
+        "hook install --help",
+    ):
+        proc = subprocess.run(
+            f"'{TOOLKIT}' {args} | head -c 1", shell=True, env=env, capture_output=True, text=True
+        )
+        assert proc.stderr == "", args
 
 
 # ------------------------------------------------------------------------------ the hook program
