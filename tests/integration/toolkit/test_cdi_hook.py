@@ -402,3 +402,60 @@ def test_also_kind_writes_the_plugins_spec_beside(
     assert [e["path"] for e in events(proc, "cdi_spec_written")] == [str(out), str(plugin)]
     bad = generate(state, host, out, env, "--also-kind", "not-a-kind")
     assert bad.returncode == 2
+
+
+BUSYBOX_TOOLS = (
+    "sh",
+    "awk",
+    "sed",
+    "tr",
+    "head",
+    "ln",
+    "mkdir",
+    "mv",
+    "rm",
+    "readlink",
+    "cat",
+    "grep",
+    "mount",
+)
+
+
+def test_hook_runs_with_busybox_alone(tmp_path: Path, hook: Path) -> None:
+    """Only busybox's sh and applets on PATH (plus the host's ldconfig): a host without coreutils or bash."""
+    busybox = shutil.which("busybox")
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    if busybox is None or not Path(ldconfig).exists():
+        pytest.skip("no busybox (or no ldconfig) on this machine")
+    tools = tmp_path / "busybox-bin"
+    tools.mkdir()
+    for tool in BUSYBOX_TOOLS:
+        (tools / tool).symlink_to(busybox)
+    (tools / "ldconfig").symlink_to(ldconfig)
+    script = tmp_path / "hook-busybox"
+    text = hook.read_text()
+    assert "\nPATH=/usr/sbin:/usr/bin:/sbin:/bin\n" in text
+    script.write_text(text.replace("\nPATH=/usr/sbin:/usr/bin:/sbin:/bin\n", f"\nPATH={tools}\n"))
+    _, rootfs, state = bundle(tmp_path)
+
+    def run(*args: str, stdin: str = state) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [busybox, "sh", str(script), *args],
+            input=stdin,
+            env={},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    links = ["--link", "libcuda.so.1::/lib/x86_64-linux-gnu/libcuda.so"]
+    links += ["--link", f"libcuda.so.{VERSION}::/lib/x86_64-linux-gnu/libcuda.so.1"]
+    assert run("create-symlinks", *links).returncode == 0
+    assert os.readlink(rootfs / "usr/lib/x86_64-linux-gnu/libcuda.so.1") == f"libcuda.so.{VERSION}"
+    done = run("update-ldcache", "--folder", "/lib/x86_64-linux-gnu")
+    assert done.returncode == 0, done.stderr
+    cache = subprocess.run([ldconfig, "-r", str(rootfs), "-p"], capture_output=True, text=True, check=True)
+    assert "libcuda.so.1 " in cache.stdout
+    bad = run("create-symlinks", *links, stdin="{}")
+    assert bad.returncode == 1
+    assert "bundle" in bad.stderr
