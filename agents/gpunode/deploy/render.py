@@ -815,12 +815,17 @@ class _Renderer:
     def _toolkit(self, agent: Agent) -> tuple[list[Obj], list[Obj], list[Obj]]:
         runtime = self.s.operator.default_runtime
         env = self._base_env(agent) + self._nvml_env() + [_env("RUNTIME", runtime)]
-        # the device plugin's CDI names (k8s.device-plugin.nvidia.com/gpu=...) resolve in a second spec
-        cmd = [*agent.command, "--output", "/var/run/cdi/nvidia.yaml", "--also-kind", PLUGIN_CDI_KIND]
+        # The spec names host paths: the driver root, /proc/driver and the hook directory are mounted where
+        # the host has them under --host-root /host (the spec says /run/nvidia/driver/..., never /host/...).
+        # The device plugin's CDI names (k8s.device-plugin.nvidia.com/gpu=...) resolve in a second spec.
+        cmd = [*agent.command, "--host-root", "/host", "--driver-root", self.driver_root]
+        cmd += ["--output", "/var/run/cdi/nvidia.yaml", "--also-kind", PLUGIN_CDI_KIND]
+        in_host = "/host" + self.driver_root.rstrip("/")
         mounts = [
-            _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
+            _mount("driver-root", in_host, read_only=True, propagation="HostToContainer"),
+            _mount("proc-driver", "/host/proc/driver", read_only=True),  # MIG capability minors
             _mount("cdi", "/var/run/cdi"),  # writes the CDI specs
-            _mount("gpunode-bin", HOOK_DIR),  # installs gpunode-cdi-hook, which the specs' hooks run
+            _mount("gpunode-bin", "/host" + HOOK_DIR),  # installs gpunode-cdi-hook, which the specs run
         ]
         inits: list[Obj] = []
         if self.s.driver.enabled:
@@ -834,6 +839,7 @@ class _Renderer:
             _host_volume("driver-root", self.driver_root),
             _host_volume("cdi", "/var/run/cdi", "DirectoryOrCreate"),
             _host_volume("gpunode-bin", HOOK_DIR, "DirectoryOrCreate"),
+            _host_volume("proc-driver", "/proc/driver", "Directory"),
             _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
             *([_host_volume("host-root", "/")] if not self.s.driver.enabled else []),
         ]
@@ -846,7 +852,7 @@ class _Renderer:
         main = self._container(agent, [*cmd, "--watch"], env, self.s.toolkit.env)
         main["securityContext"] = _restricted(run_as_root=True)
         # cdi-generate installed the hook; the watch only checks it is current (no write)
-        main["volumeMounts"] = [*mounts[:2], _mount("gpunode-bin", HOOK_DIR, read_only=True)]
+        main["volumeMounts"] = [*mounts[:3], _mount("gpunode-bin", "/host" + HOOK_DIR, read_only=True)]
         pod: Obj = {"initContainers": inits, "containers": [main], "volumes": volumes}
         if configure is not None:
             pod["hostPID"] = True  # the runtime's pid (its socket's peer) to signal it after a change

@@ -274,7 +274,7 @@ WRITABLE = {
     ("gpunode-mig-manager", "mig-manager", "/sys"): "GPU reset after a MIG mode change",
     ("gpunode-mig-manager", "mig-manager", "/var/lib/gpunode/mig"): "the apply journal",
     ("gpunode-toolkit", "cdi-generate", "/var/run/cdi"): "the CDI spec",
-    ("gpunode-toolkit", "cdi-generate", "/usr/local/gpunode/bin"): "installs gpunode-cdi-hook",
+    ("gpunode-toolkit", "cdi-generate", "/host/usr/local/gpunode/bin"): "installs gpunode-cdi-hook",
     ("gpunode-toolkit", "runtime-configure", "/host/etc/containerd"): "enable_cdi in containerd's config",
     ("gpunode-toolkit", "toolkit", "/var/run/cdi"): "the CDI spec, rewritten on MIG changes",
     ("gpunode-toolkit", "toolkit-validation", "/run/nvidia/validations"): "toolkit-ready",

@@ -43,7 +43,13 @@ def test_cdi_by_default(tmp_path: Path) -> None:
     generate = _init(toolkit, "cdi-generate")
     assert generate is not None
     assert generate["command"][-2:] == ["--also-kind", PLUGIN_CDI_KIND]
-    assert {"name": "gpunode-bin", "mountPath": "/usr/local/gpunode/bin"} in generate["volumeMounts"]
+    # host paths in the spec: the driver root where the host has it, under --host-root /host
+    command = " ".join(generate["command"])
+    assert "--host-root /host --driver-root /run/nvidia/driver" in command
+    mounts = {m["name"]: m["mountPath"] for m in generate["volumeMounts"]}
+    assert mounts["driver-root"] == "/host/run/nvidia/driver"
+    assert mounts["gpunode-bin"] == "/host/usr/local/gpunode/bin"
+    assert mounts["proc-driver"] == "/host/proc/driver"
     configure = _init(toolkit, "runtime-configure")
     assert configure is not None
     assert configure["command"][:5] == ["gpunode-toolkit", "runtime", "configure", "--runtime", "containerd"]
@@ -57,9 +63,17 @@ def test_cdi_by_default(tmp_path: Path) -> None:
     assert "nvidia-toolkit" not in host  # no NVIDIA binary is looked for
     assert toolkit["hostPID"] is True
     main = toolkit["containers"][0]
-    assert {"name": "gpunode-bin", "mountPath": "/usr/local/gpunode/bin", "readOnly": True} in main[
-        "volumeMounts"
-    ]
+    ro = {"name": "gpunode-bin", "mountPath": "/host/usr/local/gpunode/bin", "readOnly": True}
+    assert ro in main["volumeMounts"]
+
+
+def test_host_driver_root_is_the_hosts_root(tmp_path: Path) -> None:
+    toolkit = _pod(_render(tmp_path, "spec:\n  driver:\n    enabled: false\n"), "gpunode-toolkit")
+    generate = _init(toolkit, "cdi-generate")
+    assert generate is not None
+    assert "--host-root /host --driver-root / " in " ".join(generate["command"])
+    mounts = {m["name"]: m["mountPath"] for m in generate["volumeMounts"]}
+    assert mounts["driver-root"] == "/host"
 
 
 def test_legacy_path(tmp_path: Path) -> None:
