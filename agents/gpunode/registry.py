@@ -45,7 +45,8 @@ AGENTS: tuple[AgentEntry, ...] = (
     AgentEntry("mig-manager", "gpunode-mig-manager", "gpunode.mig.manager_cli", "mig-manager"),
     AgentEntry("mig", "gpunode-mig", "gpunode.mig.cli"),
     AgentEntry("validator", "gpunode-validator", "gpunode.validator.cli"),
-    AgentEntry("mps-control-daemon", "gpunode-mps-control-daemon", "gpunode.mps.cli"),
+    # NVIDIA's MPS control daemon: deployed with the device plugin (its operand label), where mps.capable
+    AgentEntry("mps-control-daemon", "gpunode-mps-control-daemon", "gpunode.mps.cli", "device-plugin"),
     # the cluster-side controller; its module is in the rendering layer (it reconciles with render's code)
     AgentEntry("operator", "gpunode-operator", "gpunode.deploy.operator_cli"),
 )

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from gpunode.api.clusterpolicy_fields import ignored_reason, leaf_paths, nvidia_spec_schema, schema_at
 from gpunode.common.config import (
@@ -130,10 +130,24 @@ class NamedConfig(ConfigModel):
     data: dict[str, str] = {}
 
 
+class DevicePluginMps(ConfigModel):
+    """``devicePlugin.mps``: where the MPS control daemon keeps its pipe directories, shm and ``.ready``."""
+
+    root: str = "/run/nvidia/mps"
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, value: str) -> str:
+        if not value.startswith("/") or value.rstrip("/") == "":
+            raise ValueError(f"must be an absolute directory other than / (got {value!r})")
+        return value.rstrip("/")
+
+
 class DevicePlugin(ConfigModel):
     enabled: bool = True
     config: NamedConfig = NamedConfig()
     env: tuple[EnvVar, ...] = ()
+    mps: DevicePluginMps = DevicePluginMps()
 
 
 _DURATION = r"^[0-9]+(ms|s|m|h)$"

@@ -403,7 +403,6 @@ REASONS: Mapping[str, str] = {
     "spec.driver.virtualTopology": _SANDBOX,
     "spec.toolkit.installDir": "gpunode's toolkit installs only its CDI hook program, at "
     "/usr/local/gpunode/bin (gpunode-toolkit cdi generate --hook-path)",
-    "spec.devicePlugin.mps": "MPS sharing is not supported by gpunode's device plugin",
     "spec.dcgmExporter.podAnnotations": "use spec.daemonsets.annotations",
     "spec.dcgmExporter.podLabels": "use spec.daemonsets.labels",
     "spec.dcgmExporter.config": "custom counters: DCGM_EXPORTER_COLLECTORS through spec.dcgmExporter.env",

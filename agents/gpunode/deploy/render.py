@@ -29,6 +29,7 @@ import yaml
 
 from gpunode import __version__, registry
 from gpunode.api.clusterpolicy import ClusterPolicy, EnvVar, NamedConfig
+from gpunode.common.settings import flags_of
 from gpunode.deploy.alerts import DASHBOARD_FILE, prometheus_rule
 from gpunode.deploy.nfd import nfd_images, render_nfd
 from gpunode.driver_loader.upgrade_state import DRIVER_DEPLOY_LABEL, driver_operands
@@ -66,6 +67,7 @@ __all__ = [
 Obj = dict[str, Any]  # a Kubernetes object (JSON-like)
 
 VALIDATIONS = "/run/nvidia/validations"
+MPS_CAPABLE_LABEL = "nvidia.com/mps.capable"  # GFD's; the MPS control daemon runs where it is true
 DRIVER_INSTALL_DIR = "/run/nvidia/driver"
 NONROOT_UID = 65532
 #: Pod Security admission's enforced level on a namespace.
@@ -99,6 +101,11 @@ RESOURCES: dict[str, Obj] = {
     # generous limits, the daemon itself stays near 30 MB
     "driver": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "4", "memory": "4Gi"}},
     "validator": _SMALL,  # the validation and wait-for-<component> init containers
+    # the MPS control daemons and the MPS servers they start run in this container's cgroup too
+    "mps-control-daemon": {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    },
 }
 
 
@@ -215,6 +222,7 @@ def enabled_agents(policy: ClusterPolicy) -> list[Agent]:
         "feature-discovery": s.gfd.enabled,
         "exporter": s.dcgm_exporter.enabled,
         "mig-manager": s.mig_manager.enabled,
+        "mps-control-daemon": s.device_plugin.enabled,  # NVIDIA: the device plugin's MPS state
     }
     return [agent_by_key(e.key) for e in registry.AGENTS if e.operand is not None and on[e.key]]
 
@@ -473,7 +481,10 @@ class _Renderer:
         present = (
             "feature.node.kubernetes.io/pci-10de.present" if self.s.nfd.enabled else "nvidia.com/gpu.present"
         )
-        return {present: "true", f"nvidia.com/gpu.deploy.{agent.operand}": "true"}
+        selector = {present: "true", f"nvidia.com/gpu.deploy.{agent.operand}": "true"}
+        if agent.key == "mps-control-daemon":  # as NVIDIA's: only where GFD found MPS configured
+            selector[MPS_CAPABLE_LABEL] = "true"
+        return selector
 
     def _tolerations(self) -> list[Obj]:
         out = []
@@ -626,6 +637,7 @@ class _Renderer:
             "feature-discovery": self._gfd,
             "exporter": self._exporter,
             "mig-manager": self._mig_manager,
+            "mps-control-daemon": self._mps_control_daemon,
         }[agent.key]
         objs, cluster_rules, ns_rules = build(agent)
         sa = self._service_account(agent)
@@ -923,6 +935,8 @@ class _Renderer:
         # both: annotations for runtimes that read them, the CRI field for those that read that)
         strategy = "cdi-annotations,cdi-cri" if self.s.cdi.enabled else "envvar"
         env += [_env("DEVICE_LIST_STRATEGY", strategy), _env("NAMESPACE", self.ns)]
+        mps_root = dp.mps.root
+        env.append(_env("MPS_ROOT", mps_root))  # reads <root>/.ready; hands out <root>/... in Allocate
         # No /var/run/cdi: the plugin neither reads nor writes CDI specs (it hands the kubelet CDI device
         # names; the runtime reads the toolkit's spec), and a writable spec directory would let it plant
         # hooks that the runtime runs as root for every GPU container.
@@ -930,11 +944,14 @@ class _Renderer:
             # creates its gRPC sockets beside the kubelet's and connects to kubelet.sock
             _mount("device-plugin", "/var/lib/kubelet/device-plugins"),
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
+            # the MPS control daemon's readiness (sharing.mps); HostToContainer: it may come later
+            _mount("mps-root", mps_root, read_only=True, propagation="HostToContainer"),
         ]
         volumes = [
             _host_volume("device-plugin", "/var/lib/kubelet/device-plugins", "Directory"),
             _host_volume("driver-root", self.driver_root),
             _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
+            _host_volume("mps-root", mps_root, "DirectoryOrCreate"),
         ]
         objs: list[Obj] = []
         cluster_rules: list[Obj] = []
@@ -962,6 +979,49 @@ class _Renderer:
             "volumes": volumes,
         }
         return [*objs, self._daemonset(agent, pod)], cluster_rules, []
+
+    def _mps_control_daemon(self, agent: Agent) -> tuple[list[Obj], list[Obj], list[Obj]]:
+        """NVIDIA's MPS control daemon DaemonSet: on nodes GFD labels ``nvidia.com/mps.capable=true``
+        (``sharing.mps`` configured), with the device plugin's config, root with CAP_SETUID/CAP_SETGID (MPS
+        servers run as their clients' users) and the host's PID namespace, as NVIDIA's (clients and servers
+        must see each other's processes). The config is the device plugin's ConfigMap: its
+        ``devicePlugin.config.default`` file (or the only file of a ConfigMap created here); a config chosen
+        per node by label is not followed (docs/mps.md)."""
+        dp = self.s.device_plugin
+        root = dp.mps.root
+        env = self._base_env(agent) + self._nvml_env("compute,utility")
+        env += [_env("MIG_STRATEGY", self.s.mig.strategy), _env("MPS_ROOT", root)]
+        mounts = [
+            _mount("mps-root", root),
+            _mount("mps-shm", "/dev/shm"),  # the clients' /dev/shm (the plugin mounts <root>/shm there)
+            _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
+        ]
+        volumes = [
+            _host_volume("mps-root", root, "DirectoryOrCreate"),
+            _host_volume("mps-shm", f"{root.rstrip('/')}/shm", "DirectoryOrCreate"),
+            _host_volume("driver-root", self.driver_root),
+            _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
+        ]
+        cm = self._config_map(agent, dp.config, "gpunode-device-plugin-config")
+        chosen = dp.config.default or (
+            next(iter(dp.config.data)) if dp.config.create and len(dp.config.data) == 1 else ""
+        )
+        if cm is not None and chosen:
+            env.append(_env("CONFIG_FILE", f"/available-configs/{chosen}"))
+            mounts.append(_mount("available-configs", "/available-configs", read_only=True))
+            volumes.append({"name": "available-configs", "configMap": {"name": cm[0]}})
+        # the device plugin's env where it names a setting of this agent (LOG_LEVEL, MIG_STRATEGY, ...)
+        known = {e for flag in flags_of(registry.spec(agent.key).settings_type) for e in flag.envs}
+        main = self._container(agent, agent.command, env, [e for e in dp.env if e.name in known])
+        main["securityContext"] = _restricted(run_as_root=True, add=("SETUID", "SETGID"))
+        main["volumeMounts"] = mounts
+        pod: Obj = {
+            "hostPID": True,
+            "initContainers": [self._wait_init("toolkit")],
+            "containers": [main],
+            "volumes": volumes,
+        }
+        return [self._daemonset(agent, pod)], [], []
 
     def _config_map(
         self, agent: Agent, config: NamedConfig, default_name: str

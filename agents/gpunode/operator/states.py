@@ -43,6 +43,7 @@ STATES: tuple[StateDef, ...] = (
     StateDef("state-container-toolkit", ("toolkit",)),
     StateDef("state-operator-validation", ("validator",), always=True),
     StateDef("state-device-plugin", ("device-plugin",)),
+    StateDef("state-mps-control-daemon", ("mps-control-daemon",)),
     StateDef("state-dcgm-exporter", ("exporter",)),
     StateDef("gpu-feature-discovery", ("feature-discovery",)),
     StateDef("state-mig-manager", ("mig-manager",)),

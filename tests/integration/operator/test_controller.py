@@ -120,7 +120,7 @@ async def test_clean_cluster_reaches_ready_with_daemonsets_on_gpu_nodes_only(tmp
         names = [s["name"] for s in status["states"]]
         assert names[:3] == ["pre-requisites", "state-driver", "state-container-toolkit"]
         daemonsets = gpunode_daemonsets(c.api)
-        assert len(daemonsets) == 6  # driver, toolkit, device plugin, GFD, exporter, MIG manager
+        assert len(daemonsets) == 7  # driver, toolkit, device plugin, MPS daemon, GFD, exporter, MIG manager
         for ds in daemonsets:
             owner = ds["metadata"]["ownerReferences"][0]
             assert (owner["kind"], owner["name"], owner["controller"]) == (
@@ -135,8 +135,10 @@ async def test_clean_cluster_reaches_ready_with_daemonsets_on_gpu_nodes_only(tmp
                 if any(r["uid"] == ds["metadata"]["uid"] for r in p["metadata"].get("ownerReferences", []))
             ]
             nodes = sorted(p["spec"]["nodeName"] for p in pods)
-            # NFD's labels alone do not make a node MIG-capable: no MIG manager label, no pod
-            expected = [] if ds["metadata"]["name"].endswith("mig-manager") else GPU_NODES
+            # NFD's labels alone do not make a node MIG-capable: no MIG manager label, no pod; nor MPS-capable
+            # (GFD's nvidia.com/mps.capable): no MPS control daemon
+            quiet = ds["metadata"]["name"].endswith(("mig-manager", "mps-control-daemon"))
+            expected = [] if quiet else GPU_NODES
             assert nodes == expected, ds["metadata"]["name"]
         assert c.api.get("Namespace", NS) is not None
 
@@ -196,7 +198,7 @@ async def test_an_invalid_policy_is_not_ready_names_the_path_and_applies_nothing
     async with cluster(tmp_path) as c:
         await c.until_ready()
         running = {d["metadata"]["name"]: d["metadata"]["resourceVersion"] for d in gpunode_daemonsets(c.api)}
-        assert len(running) == 6
+        assert len(running) == 7
         before = [r for r in c.api.requests if r.method == "PATCH" and "/status" not in r.path]
         # the CRD schema lets a string through where the model wants a known enum value
         await c.kube.apply(policy("cluster-policy", {"mig": {"strategy": "bogus"}}), field_manager="user")
@@ -268,7 +270,7 @@ async def test_interrupted_mid_reconcile_then_restarted_converges(tmp_path: Path
                 break
             await asyncio.sleep(0.02)
         assert result.state == "ready"
-        assert len(gpunode_daemonsets(c.api)) == 6
+        assert len(gpunode_daemonsets(c.api)) == 7
         error = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Error")
         assert error["status"] == "False"
 
@@ -482,7 +484,7 @@ async def test_a_409_fails_the_pass_and_the_next_one_converges(tmp_path: Path) -
         await c.until_ready()
         error = next(x for x in c.status("cluster-policy")["conditions"] if x["type"] == "Error")
         assert error["status"] == "False"
-        assert len(gpunode_daemonsets(c.api)) == 6
+        assert len(gpunode_daemonsets(c.api)) == 7
 
 
 async def test_a_policy_rendering_refuses_is_not_ready_naming_why_and_applies_nothing(tmp_path: Path) -> None:

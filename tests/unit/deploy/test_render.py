@@ -145,9 +145,11 @@ def test_daemonset_conventions(name: str) -> None:
         pod = ds["spec"]["template"]["spec"]
         assert pod["priorityClassName"] == "system-node-critical"
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        mps = {"nvidia.com/mps.capable": "true"} if agent.key == "mps-control-daemon" else {}
         assert pod["nodeSelector"] == {
             "feature.node.kubernetes.io/pci-10de.present": "true",
             f"nvidia.com/gpu.deploy.{agent.operand}": "true",
+            **mps,  # NVIDIA's MPS control daemon runs only where GFD says MPS is configured
         }
         assert pod["serviceAccountName"] == agent.name
         strategy = ds["spec"]["updateStrategy"]["type"]
@@ -162,8 +164,10 @@ def test_daemonset_conventions(name: str) -> None:
         env = {e["name"]: e for e in main_c["env"]}
         assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
         assert "hostIPC" not in pod, agent.name  # no agent uses the host's IPC namespace
-        # the toolkit: to signal the runtime after enabling CDI in its configuration
-        assert pod.get("hostPID", False) is (agent.key in ("driver", "mig-manager", "toolkit"))
+        # the toolkit: to signal the runtime after enabling CDI in its configuration; the MPS daemon: to see
+        # its clients' processes, as NVIDIA's
+        host_pid = ("driver", "mig-manager", "toolkit", "mps-control-daemon")
+        assert pod.get("hostPID", False) is (agent.key in host_pid)
         for c in pod.get("initContainers", []) + pod["containers"]:
             sc = c["securityContext"]
             if agent.key in ("driver", "mig-manager") and not c["name"].startswith("wait-for"):
@@ -273,6 +277,8 @@ WRITABLE = {
     ("gpunode-driver-loader", "driver-manager", "/var/log"): "as the loader",
     ("gpunode-mig-manager", "mig-manager", "/sys"): "GPU reset after a MIG mode change",
     ("gpunode-mig-manager", "mig-manager", "/var/lib/gpunode/mig"): "the apply journal",
+    ("gpunode-mps-control-daemon", "mps-control-daemon", "/run/nvidia/mps"): "pipe/log dirs, .ready",
+    ("gpunode-mps-control-daemon", "mps-control-daemon", "/dev/shm"): "MPS shared memory (<root>/shm)",
     ("gpunode-toolkit", "cdi-generate", "/var/run/cdi"): "the CDI spec",
     ("gpunode-toolkit", "cdi-generate", "/host/usr/local/gpunode/bin"): "installs gpunode-cdi-hook",
     ("gpunode-toolkit", "runtime-configure", "/host/etc/containerd"): "enable_cdi in containerd's config",
@@ -358,6 +364,7 @@ MEASURED_RSS_MB = {
     "mig-manager": 40,
     "driver": 30,
     "validator": 31,
+    "mps-control-daemon": 30,  # benchmarks/mps.py
 }
 
 

@@ -27,6 +27,7 @@ def test_nvidia_order() -> None:
         "state-container-toolkit",
         "state-operator-validation",
         "state-device-plugin",
+        "state-mps-control-daemon",
         "state-dcgm-exporter",
         "gpu-feature-discovery",
         "state-mig-manager",

@@ -1,0 +1,79 @@
+"""The MPS control daemon in a render: NVIDIA's DaemonSet (device plugin operand, mps.capable nodes), the MPS
+root from ``devicePlugin.mps.root`` in both DaemonSets, the device plugin's config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpunode.api.clusterpolicy import parse_policy_text
+from gpunode.common.errors import ConfigError
+from gpunode.deploy.render import render
+
+POLICY = """
+apiVersion: nvidia.com/v1
+kind: ClusterPolicy
+metadata: {{name: cluster-policy}}
+spec:
+  devicePlugin:
+{device_plugin}
+"""
+
+
+def pods(device_plugin: str) -> dict[str, dict[str, Any]]:
+    policy = parse_policy_text(POLICY.format(device_plugin=device_plugin), "policy.yaml").policy
+    return {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]
+        for o in render(policy)
+        if o["kind"] == "DaemonSet"
+    }
+
+
+def env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["containers"][0]["env"]}
+
+
+def test_the_daemonset_is_nvidias() -> None:
+    pod = pods("    enabled: true")["gpunode-mps-control-daemon"]
+    assert pod["nodeSelector"]["nvidia.com/mps.capable"] == "true"
+    assert pod["nodeSelector"]["nvidia.com/gpu.deploy.device-plugin"] == "true"
+    assert pod["hostPID"] is True
+    main = pod["containers"][0]
+    assert main["command"] == ["gpunode-mps-control-daemon"]
+    assert sorted(main["securityContext"]["capabilities"]["add"]) == ["SETGID", "SETUID"]
+    assert env(pod)["MPS_ROOT"] == "/run/nvidia/mps"
+    assert "CONFIG_FILE" not in env(pod)  # no config: nothing to share, the daemon waits
+    mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
+    assert not mounts["/run/nvidia/mps"].get("readOnly")
+    assert not mounts["/dev/shm"].get("readOnly")
+    hosts = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert hosts["mps-shm"] == "/run/nvidia/mps/shm"
+
+
+def test_the_root_and_the_config_reach_both_daemonsets() -> None:
+    got = pods(
+        "    mps: {root: /var/run/mps/}\n"
+        "    config:\n      create: true\n      name: dp-config\n"
+        "      data: {sharing.yaml: 'version: v1'}\n"
+    )
+    mps, plugin = got["gpunode-mps-control-daemon"], got["gpunode-device-plugin"]
+    assert env(mps)["MPS_ROOT"] == env(plugin)["MPS_ROOT"] == "/var/run/mps"
+    assert env(mps)["CONFIG_FILE"] == "/available-configs/sharing.yaml"
+    plugin_mounts = {m["mountPath"]: m for m in plugin["containers"][0]["volumeMounts"]}
+    assert plugin_mounts["/var/run/mps"]["readOnly"] is True  # reads .ready only
+
+
+def test_the_default_config_is_the_daemons() -> None:
+    got = pods("    config: {name: existing, default: mps}")
+    assert env(got["gpunode-mps-control-daemon"])["CONFIG_FILE"] == "/available-configs/mps"
+
+
+def test_no_device_plugin_no_mps_daemon() -> None:
+    assert "gpunode-mps-control-daemon" not in pods("    enabled: false")
+
+
+@pytest.mark.parametrize("root", ["relative/mps", "/"])
+def test_a_bad_root_is_refused_with_its_path(root: str) -> None:
+    with pytest.raises(ConfigError, match=r"devicePlugin\.mps\.root"):
+        pods(f"    mps: {{root: {root!r}}}")
