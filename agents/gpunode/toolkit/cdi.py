@@ -81,6 +81,7 @@ __all__ = [
     "device_names",
     "discover_driver",
     "discover_nodes",
+    "driver_version_from_host",
     "elf_soname",
     "format_for",
     "hooks_enabled",
@@ -794,6 +795,25 @@ def no_libraries_message(host: HostPaths, driver_version: str) -> str:
 
 
 _GPU_NODE = re.compile(r"^nvidia(\d+)$")
+_KERNEL_VERSION = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+_LIB_VERSION = re.compile(r"^libnvidia-ml\.so\.(\d+\.\d+(?:\.\d+)?)$")
+
+
+def driver_version_from_host(host: HostPaths) -> str | None:
+    """The driver version without NVML (``--mode management``): the loaded kernel module's
+    (``/proc/driver/nvidia/version``), else the highest ``libnvidia-ml.so.<version>`` in the driver
+    root's library folders; None when neither is there."""
+    try:
+        match = _KERNEL_VERSION.search((host.proc_driver_nvidia / "version").read_text(errors="replace"))
+    except OSError:
+        match = None
+    if match:
+        return match[1]
+    found: list[str] = []
+    for directory in _library_dirs(host):
+        with contextlib.suppress(OSError):
+            found += [m[1] for e in os.scandir(host.driver(directory)) if (m := _LIB_VERSION.match(e.name))]
+    return max(found, key=_version_key) if found else None
 
 
 def discover_nodes(host: HostPaths, dev_root: str = "/") -> list[str]:

@@ -34,7 +34,7 @@ from gpunode.common.atomic import atomic_write
 from gpunode.common.hostpaths import HostPaths
 from gpunode.common.logging import Logger, get_logger
 from gpunode.common.runtime import run
-from gpunode.nvml.api import EVENT_MIG_CONFIG, EventKind, Nvml
+from gpunode.nvml.api import EVENT_MIG_CONFIG, EventKind, GpuInfo, MigDevice, Nvml
 from gpunode.nvml.errors import NvmlError
 from gpunode.toolkit.cdi import (
     DEFAULT_KIND,
@@ -46,6 +46,7 @@ from gpunode.toolkit.cdi import (
     build_spec,
     discover_driver,
     discover_nodes,
+    driver_version_from_host,
     format_for,
     hooks_enabled,
     load_spec,
@@ -164,20 +165,32 @@ def prepare_hook(job: GenerateJob, install: bool, log: Logger) -> None:
     raise ValueError(problem)
 
 
-async def snapshot(nvml: Nvml, job: GenerateJob, log: Logger) -> Spec:
+async def snapshot(nvml: Nvml | None, job: GenerateJob, log: Logger) -> Spec:
     """The spec of the devices NVML reports now (discovery warnings are logged); for the
-    ``imex-channel`` class, of the IMEX channel nodes (no NVML)."""
+    ``imex-channel`` class, of the IMEX channel nodes (no NVML); for ``--mode management``, of the
+    device nodes found (NVML only for the driver version, when the host does not tell it)."""
     if is_imex_kind(job.opts.kind):
         channels = await asyncio.to_thread(discover_channels, job.host, job.opts.dev_root)
         return build_imex_spec(channels, job.opts)
-    system = await nvml.system()
-    gpus = await nvml.gpus()
-    migs = {g.index: tuple(await nvml.mig_devices(g.index)) for g in gpus if g.mig_enabled}
-    files, found = await asyncio.to_thread(
-        discover_driver, job.host, system.driver_version, job.opts.dev_root
-    )
+    gpus: list[GpuInfo] = []
+    migs: dict[int, tuple[MigDevice, ...]] = {}
+    version = None
+    if job.opts.mode == "management":
+        version = await asyncio.to_thread(driver_version_from_host, job.host)
+    if version is None:
+        if nvml is None:
+            raise NoLibraries(
+                f"cannot tell the driver version: no {job.host.proc_driver_nvidia / 'version'} and no "
+                f"libnvidia-ml.so.<version> under the driver root {job.host.driver_dir}"
+            )
+        version = (await nvml.system()).driver_version
+    if job.opts.mode != "management":
+        assert nvml is not None
+        gpus = list(await nvml.gpus())
+        migs = {g.index: tuple(await nvml.mig_devices(g.index)) for g in gpus if g.mig_enabled}
+    files, found = await asyncio.to_thread(discover_driver, job.host, version, job.opts.dev_root)
     if not files.libraries:
-        message = no_libraries_message(job.host, system.driver_version)
+        message = no_libraries_message(job.host, version)
         if not job.allow_missing_libraries:
             raise NoLibraries(message)
         found.append(message)
@@ -277,6 +290,11 @@ async def _generate(
     keep_watching: bool = False,
 ) -> int:
     log = get_logger("gpunode.toolkit.cdi")
+    # a management spec needs no NVML where the host tells the driver version (before the GPUs can be
+    # opened: what monitoring containers get their device nodes from)
+    management = job.opts.mode == "management" and not keep_watching
+    if management and await asyncio.to_thread(driver_version_from_host, job.host) is not None:
+        return await _write_once(None, job, verb, log)
     try:
         nvml = await ctx.open_nvml(str(job.host.driver_dir))
     except NvmlError as exc:
@@ -286,27 +304,30 @@ async def _generate(
         if keep_watching:
             await watch(nvml, job, log)
             return 0
-        try:
-            spec = await snapshot(nvml, job, log)
-        except NvmlError as exc:
-            print(f"{PROG} {verb}: error: NVML: {exc}", file=sys.stderr)
-            return 1
-        except NoLibraries as exc:
-            print(f"{PROG} {verb}: error: {exc}", file=sys.stderr)
-            return 1
-        if verb == "list":
-            print_quietly("".join(f"{name}\n" for name in spec.names))
-            return 0
-        try:
-            write_spec(spec, job, log)
-        except OSError as exc:
-            print(
-                f"{PROG} generate: error: cannot write {job.output}: {exc.strerror or exc}", file=sys.stderr
-            )
-            return 1
-        return 0
+        return await _write_once(nvml, job, verb, log)
     finally:
         await nvml.close()
+
+
+async def _write_once(nvml: Nvml | None, job: GenerateJob, verb: str, log: Logger) -> int:
+    """One spec: printed as names (``list``) or written (``generate``); the exit code."""
+    try:
+        spec = await snapshot(nvml, job, log)
+    except NvmlError as exc:
+        print(f"{PROG} {verb}: error: NVML: {exc}", file=sys.stderr)
+        return 1
+    except NoLibraries as exc:
+        print(f"{PROG} {verb}: error: {exc}", file=sys.stderr)
+        return 1
+    if verb == "list":
+        print_quietly("".join(f"{name}\n" for name in spec.names))
+        return 0
+    try:
+        write_spec(spec, job, log)
+    except OSError as exc:
+        print(f"{PROG} generate: error: cannot write {job.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _list_file(path: str) -> int:

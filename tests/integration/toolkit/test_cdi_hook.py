@@ -459,3 +459,22 @@ def test_hook_runs_with_busybox_alone(tmp_path: Path, hook: Path) -> None:
     bad = run("create-symlinks", *links, stdin="{}")
     assert bad.returncode == 1
     assert "bundle" in bad.stderr
+
+
+def test_management_mode_needs_no_nvml(tmp_path: Path, host: Path, env: dict[str, str]) -> None:
+    """No --sim-state, no NVML here: the driver version comes from the host's /proc or its libraries."""
+    out = tmp_path / "management.yaml"
+    args = ["cdi", "generate", "--mode", "management", "--host-root", str(host), "--driver-root", DRIVER_ROOT]
+    proc = toolkit([*args, "--output", str(out)], env)
+    assert proc.returncode == 0, proc.stderr  # libnvidia-ml.so.550.54.15 in the driver root tells the version
+    spec = yaml.safe_load(out.read_text())
+    assert [d["name"] for d in spec["devices"]] == ["all"]
+    assert f"--host-driver-version={VERSION}" in hooks(spec)[1]["args"]
+    version = host / "proc/driver/nvidia/version"
+    version.parent.mkdir(parents=True)
+    version.write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.10  Thu Jan  1 00:00:00 UTC 2026\n"
+    )
+    proc = toolkit([*args, "--output", str(out)], env)
+    assert proc.returncode == 1  # the loaded module is 570.86.10: the 550.54.15 libraries are not its own
+    assert "no driver libraries of version 570.86.10" in proc.stderr
