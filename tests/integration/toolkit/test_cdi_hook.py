@@ -478,3 +478,31 @@ def test_management_mode_needs_no_nvml(tmp_path: Path, host: Path, env: dict[str
     proc = toolkit([*args, "--output", str(out)], env)
     assert proc.returncode == 1  # the loaded module is 570.86.10: the 550.54.15 libraries are not its own
     assert "no driver libraries of version 570.86.10" in proc.stderr
+
+
+def test_disable_device_node_modification_in_a_mount_namespace(tmp_path: Path, hook: Path) -> None:
+    """The driver's params file (a stand-in: this machine has no NVIDIA driver) says ModifyDeviceFiles: 1;
+    inside a private mount namespace (as the runtime's, where createContainer hooks run) the container's
+    copy reads 0 after the hook, and the host's file is untouched."""
+    unshare = shutil.which("unshare")
+    if unshare is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    params = tmp_path / "driver-params"
+    params.write_text("ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n")
+    script = tmp_path / "hook-params"
+    text = hook.read_text()
+    assert "    params=/proc/driver/nvidia/params\n" in text
+    script.write_text(text.replace("    params=/proc/driver/nvidia/params\n", f"    params={params}\n"))
+    b, rootfs, state = bundle(tmp_path)
+    inside = rootfs / str(params).lstrip("/")  # the container's view of the same path
+    inside.parent.mkdir(parents=True)
+    inside.write_text(params.read_text())
+    (tmp_path / "state.json").write_text(state)
+    shell = f"sh '{script}' disable-device-node-modification < '{tmp_path / 'state.json'}' && cat '{inside}'"
+    proc = subprocess.run([unshare, "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "ModifyDeviceFiles: 0\n" in proc.stdout
+    assert "DeviceFileUID: 0\n" in proc.stdout
+    assert "ModifyDeviceFiles: 1" in params.read_text()
+    assert "ModifyDeviceFiles: 1" in inside.read_text()  # outside that namespace: no mount left behind
+    assert (b / "gpunode-nvidia-params").exists()
