@@ -246,3 +246,23 @@ def test_feature_discovery_labels_mps_as_nvidias_gfd(node: Path, short: Path) ->
     assert "sharing.mps: MPS sharing is not supported for MIG devices (MIG is enabled on GPU 3)" in (
         done.stdout + done.stderr
     )
+
+
+DP = str(Path(sys.executable).parent / "gpunode-device-plugin")
+
+
+def test_device_plugin_refuses_mps_on_a_mig_node_with_exit_2(node: Path, short: Path) -> None:
+    (short / "config.yaml").write_text(CONFIG)
+    with sim.SimNode.open(node).mutate() as st:
+        st.set_mig_mode(5, 1)
+        st.reset_gpu(5)
+    args = [DP, "--sim-state", str(node), "--config-file", str(short / "config.yaml")]
+    args += ["--kubelet-socket", "", "--host-root", str(short / "host"), "--http-port", "-1"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "sharing.mps: MPS sharing is not supported for MIG devices (MIG is enabled on GPU 5)" in (
+        done.stdout + done.stderr
+    )
+    mixed = subprocess.run([*args, "--mig-strategy", "mixed"], capture_output=True, text=True, timeout=60)
+    assert mixed.returncode == 2
+    assert "MPS sharing (sharing.mps) is not supported with mig-strategy mixed" in mixed.stdout + mixed.stderr
