@@ -12,6 +12,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 from gpunode.common import sdnotify
 from gpunode.common.asynchttp import AsyncEndpoint
@@ -21,6 +22,8 @@ from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import trim_memory
 from gpunode.exporter.collector import ExporterCollector, Options, type_counters
 from gpunode.exporter.counters import Counter, unavailable
+from gpunode.exporter.exposition import Unsupported, fast_encoder
+from gpunode.exporter.exposition import render as render_families
 from gpunode.exporter.podresources import PodResourcesClient
 from gpunode.exporter.sampler import EMPTY, Sampler, Snapshot
 from gpunode.nvml.api import Nvml
@@ -63,7 +66,9 @@ class Exporter:
         self.sampler: Sampler | None = None
         self.collector: ExporterCollector | None = None
         self.gpu_registry = CollectorRegistry(auto_describe=False)  # the GPU series, rendered once per sample
-        self._cache: dict[str, tuple[float, float, bytes]] = {}
+        self._cache: dict[str, tuple[float, float, bytes]] = {}  # content type -> whole answer
+        self._gpu_cache: dict[str, tuple[float, bytes]] = {}  # content type -> (snapshot, GPU series)
+        self._encoders: dict[str, Callable[[Collector], bytes]] = {}  # the formats scraped so far
         self.ready = asyncio.Event()
         # /readyz answers 503 until the first sample: never "ready" before there is something to scrape
         self.health = Health()  # /healthz: answered by the event loop, so it is alive
@@ -80,21 +85,43 @@ class Exporter:
         return self.sampler.latest if self.sampler is not None else EMPTY
 
     def render(self, accept: str) -> tuple[bytes, str]:
-        """A scrape: the GPU series rendered once per snapshot (cached per format), then the live
-        self-metrics. Scrapes cost no NVML call and, between samples, almost no rendering."""
+        """A scrape: the GPU series rendered once per snapshot and format (right after the sample for
+        the formats scraped before, see :meth:`_sampled`), then the self-metrics, rendered again at most
+        once every SELF_METRICS_MAX_AGE seconds or with a new snapshot. Scrapes cost no NVML call and,
+        between samples, no rendering of the GPU series."""
         encoder, content_type = choose_encoder(accept)
         taken = self.latest().taken_at
         now = time.monotonic()
         cached = self._cache.get(content_type)  # only the event loop renders (see _metrics): no lock
-        if cached is None or cached[0] != taken or now - cached[1] >= SELF_METRICS_MAX_AGE:
+        if cached is not None and cached[0] == taken and now - cached[1] < SELF_METRICS_MAX_AGE:
+            return cached[2], content_type
+        gpu = self._gpu_cache.get(content_type)
+        if gpu is None or gpu[0] != taken:
+            gpu = self._render_gpu(encoder, content_type, taken)
+        cached = (taken, now, gpu[1] + encoder(self.metrics.registry))
+        self._cache[content_type] = cached
+        return cached[2], content_type
+
+    def _render_gpu(
+        self, encoder: Callable[[Collector], bytes], content_type: str, taken: float
+    ) -> tuple[float, bytes]:
+        """The GPU series of the snapshot taken at `taken`, in the encoder's format (OpenMetrics without
+        its EOF line, which comes once at the very end), remembered for the scrapes until the next one."""
+        fmt = fast_encoder(encoder)
+        counters = self.collector.counter_names if self.collector is not None else ()
+        try:
+            if fmt is None:
+                raise Unsupported(content_type)
+            gpu_part = render_families(self.gpu_registry, fmt, counters)
+        except Unsupported:
             gpu_part = encoder(self.gpu_registry)
             if gpu_part.endswith(b"# EOF\n"):  # OpenMetrics: one EOF, at the very end
                 gpu_part = gpu_part[: -len(b"# EOF\n")]
-            elif self.collector is not None:  # the text format: dcgm-exporter's counters typed counter
-                gpu_part = type_counters(gpu_part, self.collector.counter_names)
-            cached = (taken, now, gpu_part + encoder(self.metrics.registry))
-            self._cache[content_type] = cached
-        return cached[2], content_type
+            else:  # the text format: dcgm-exporter's counters typed counter
+                gpu_part = type_counters(gpu_part, counters)
+        self._encoders[content_type] = encoder
+        rendered = self._gpu_cache[content_type] = (taken, gpu_part)
+        return rendered
 
     def _pod_failure(self, reason: str) -> None:
         self.pod_failures.inc()
@@ -103,6 +130,11 @@ class Exporter:
 
     def _sampled(self, snap: Snapshot) -> None:
         self.duration.set(snap.duration_s)
+        for content_type, encoder in self._encoders.items():  # off the scrapes' path: rendered now
+            try:
+                self._render_gpu(encoder, content_type, snap.taken_at)
+            except Exception:  # the next scrape renders it again, and answers and logs the failure
+                self._gpu_cache.pop(content_type, None)
         self.metrics.mark_success("sampling")
         if not self.ready.is_set():
             self.ready.set()
