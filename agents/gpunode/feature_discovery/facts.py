@@ -18,7 +18,9 @@ Fabric cliques come from NVML's fabric info (GB200-style NVLink domains); GPUs w
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import cast
 
 from gpunode.common.hostpaths import HostPaths
 from gpunode.feature_discovery.labels import NodeFacts
@@ -36,24 +38,49 @@ _MAX_CAPABILITIES = 48  # config space holds at most (256 - 64) / 4 capabilities
 
 
 async def gather_facts(nvml: Nvml, host: HostPaths, machine_type_file: Path | None) -> NodeFacts:
-    """One snapshot of the node for :func:`~gpunode.feature_discovery.labels.compute_labels`."""
-    system = await nvml.system()
+    """One snapshot of the node for :func:`~gpunode.feature_discovery.labels.compute_labels`.
+
+    The NVML calls are issued together and answered in order (NVML has one thread): they run back to
+    back instead of each waiting for the event loop to take the answer before the next one. The outcome
+    is what one call after the other gives: a GPU lost in its MIG query is left out without its fabric
+    answer being looked at, and the first other error (in that order) propagates."""
+    system, inventory = await asyncio.gather(nvml.system(), nvml.gpus())
+    found = sorted(inventory, key=lambda g: g.index)
+    with_mig = [g for g in found if g.mig_enabled]
+    answers = await asyncio.gather(
+        *(nvml.mig_devices(g.index) for g in with_mig),
+        *(nvml.fabric_clique(g.index) for g in found),
+        return_exceptions=True,
+    )
+    migs = cast(
+        "dict[int, list[MigDevice] | BaseException]",
+        dict(zip((g.index for g in with_mig), answers[: len(with_mig)], strict=True)),
+    )
+    fabric = cast(
+        "dict[int, str | BaseException | None]",
+        dict(zip((g.index for g in found), answers[len(with_mig) :], strict=True)),
+    )
     gpus: list[GpuInfo] = []
     mig_devices: dict[int, tuple[MigDevice, ...]] = {}
-    for gpu in sorted(await nvml.gpus(), key=lambda g: g.index):
+    for gpu in found:
         if gpu.mig_enabled:
-            try:
-                mig_devices[gpu.index] = tuple(await nvml.mig_devices(gpu.index))
-            except errors.GpuLost:
+            devices = migs[gpu.index]
+            if isinstance(devices, errors.GpuLost):
                 continue
+            if isinstance(devices, BaseException):
+                raise devices
+            mig_devices[gpu.index] = tuple(devices)
         gpus.append(gpu)
     cliques: dict[int, str | None] = {}
     for gpu in list(gpus):
-        try:
-            cliques[gpu.index] = await nvml.fabric_clique(gpu.index)
-        except errors.GpuLost:  # lost since the inventory: left out like the others
+        clique = fabric[gpu.index]
+        if isinstance(clique, errors.GpuLost):  # lost since the inventory: left out like the others
             gpus.remove(gpu)
             mig_devices.pop(gpu.index, None)
+        elif isinstance(clique, BaseException):
+            raise clique
+        else:
+            cliques[gpu.index] = clique
     pci_classes = {g.index: read_pci_class(host, g.pci.bus_id) for g in gpus}
     return NodeFacts(
         system=system,
