@@ -8,13 +8,20 @@ in a loop that sleeps between checks:
 
 * the control binary is looked up under the driver root; missing: not ready (``/readyz`` and the log say
   where it was looked for), ``.ready`` absent, looked up again every ``--retry-interval``;
-* every daemon not running is started (:class:`~gpunode.mps.daemon.ControlDaemon`); a failed start is
-  retried after ``--retry-interval``;
+* ``<root>/shm`` is made a tmpfs (:func:`~gpunode.mps.shm.mount_shm`, NVIDIA's ``mount-shm``) unless
+  one is mounted there already; without the privilege that is skipped and logged (``mps_shm_not_mounted``);
+* every daemon not running is started (:class:`~gpunode.mps.daemon.ControlDaemon`), its GPUs set to
+  ``EXCLUSIVE_PROCESS`` first (through a child process, as NVIDIA runs ``nvidia-smi -c``; refused: not
+  ready with the reason); a failed start is retried after ``--retry-interval``;
 * once all run, ``<root>/.ready`` is written (atomically) with :func:`~gpunode.api.mps.ready_document`;
 * a daemon found dead (every ``--watch-interval``) removes ``.ready`` at once (the device plugin stops
   advertising its resource) and is started again.
 
-On SIGTERM (the task cancelled): ``.ready`` is removed first, then every daemon gets ``quit``.
+Every daemon's ``control.log`` is followed (:class:`~gpunode.mps.logtail.LogTail`, every
+``--log-interval``) and each new line logged as ``mps_control_log``.
+
+On SIGTERM (the task cancelled): ``.ready`` is removed first, then every daemon gets ``quit`` and its
+GPUs go back to the ``DEFAULT`` compute mode.
 """
 
 from __future__ import annotations
@@ -22,26 +29,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode.api.mps import DaemonPlan, MpsRoot, ready_document
 from gpunode.common import sdnotify
 from gpunode.common.atomic import atomic_write_json
+from gpunode.common.errors import UsageError
 from gpunode.common.http import HealthServer
 from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import on_sighup, trim_memory
 from gpunode.mps.daemon import ControlDaemon, MpsCommandError, find_control_binary
+from gpunode.mps.labelled import LabelledConfig
+from gpunode.mps.logtail import LogTail
+from gpunode.mps.shm import mount_shm
 
-__all__ = ["AGENT", "MpsAgent", "MpsOptions", "Plan", "PlanFailed"]
+__all__ = ["AGENT", "ComputeModeFailed", "MpsAgent", "MpsOptions", "Plan", "PlanFailed", "SetComputeMode"]
 
 AGENT = "mps-control-daemon"
 
 
 class PlanFailed(RuntimeError):
     """The planning step failed for a reason that may pass (NVML not up yet): retried."""
+
+
+class ComputeModeFailed(RuntimeError):
+    """The GPUs' compute mode could not be set (``permission``: NVML refused, the agent is not root)."""
+
+    def __init__(self, message: str, *, permission: bool = False) -> None:
+        super().__init__(message)
+        self.permission = permission
+
+
+#: Set a compute mode ("exclusive-process" or "default") on GPUs given by UUID; ComputeModeFailed.
+SetComputeMode = Callable[[str, Sequence[str]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -76,15 +99,27 @@ class MpsOptions:
     http_host: str = "127.0.0.1"
     http_port: int | None = None  # None: no HTTP endpoint
     environ: Mapping[str, str] = field(default_factory=dict)
+    shm_size: str | None = None  # None: <root>/shm is not mounted by the agent
+    log_interval: float = 1.0  # how often control.log is read
 
 
 class MpsAgent:
     """The agent; ``planner`` makes a :class:`Plan` (again on SIGHUP): UsageError for a refusal, PlanFailed
     for a failure worth retrying."""
 
-    def __init__(self, opts: MpsOptions, planner: Callable[[], Awaitable[Plan]]) -> None:
+    def __init__(
+        self,
+        opts: MpsOptions,
+        planner: Callable[[], Awaitable[Plan]],
+        compute_mode: SetComputeMode | None = None,
+        labelled: LabelledConfig | None = None,
+    ) -> None:
         self.opts = opts
         self.planner = planner
+        self.compute_mode = compute_mode
+        self.labelled = labelled  # a config directory: the node label chooses the file
+        self.tails: dict[str, LogTail] = {}  # resource -> its control.log
+        self.shm_checked = False
         self.root = MpsRoot(opts.mps_root or opts.default_root)
         self.log = get_logger("gpunode.mps")
         self.metrics = create_metrics(AGENT)
@@ -98,6 +133,8 @@ class MpsAgent:
         self.ready = False
         self.reason = "starting"
         self.wake = asyncio.Event()  # SIGHUP: plan again now
+        self.planned = asyncio.Event()  # a first plan was made
+        self.lock = asyncio.Lock()  # a check of the daemons and a change of plan never overlap
 
     # -- planning ---------------------------------------------------------------------------------------
     async def make_plan(self) -> bool:
@@ -109,6 +146,7 @@ class MpsAgent:
             self.log.warning("mps_config_warning", detail=warning)
         changed = plan != self.plan
         self.plan = plan
+        self.planned.set()
         if self.opts.mps_root is None and plan.file_mps_root:
             self.root = MpsRoot(plan.file_mps_root)
         if plan.sharing is None:
@@ -174,7 +212,11 @@ class MpsAgent:
             )
             self.metrics.count_error("daemon")
         self._unready(f"control daemon of {', '.join(d.resource for d in down)} not running")
+        self._ensure_shm()
         for daemon in down:
+            if not await self._exclusive(daemon):
+                return self.opts.retry_interval
+            self._follow_log(daemon)
             try:
                 await daemon.start()
             except (MpsCommandError, OSError) as exc:
@@ -197,6 +239,90 @@ class MpsAgent:
         trim_memory()
         return self.opts.watch_interval
 
+    # -- shm, compute mode, control.log ------------------------------------------------------------------
+    def _ensure_shm(self) -> None:
+        """NVIDIA's mount-shm: once per agent (and per MPS root)."""
+        if self.shm_checked or self.opts.shm_size is None:
+            return
+        self.shm_checked = True
+        try:
+            result = mount_shm(self.root.shm_dir, self.opts.shm_size)
+        except (OSError, ValueError) as exc:
+            self.log.warning("mps_shm_not_mounted", path=self.root.shm_dir, reason=str(exc))
+            return
+        if result.outcome == "mounted":
+            self.log.info("mps_shm_mounted", path=result.path, detail=result.detail)
+        elif result.outcome == "present":
+            self.log.info("mps_shm_present", path=result.path, fstype=result.detail)
+        else:
+            self.log.warning(
+                "mps_shm_not_mounted",
+                path=result.path,
+                reason=result.detail,
+                using="the directory as it is (its file system is shared with the clients' mounts)",
+            )
+
+    async def _exclusive(self, daemon: ControlDaemon) -> bool:
+        """The daemon's GPUs in EXCLUSIVE_PROCESS (NVIDIA's order: before the daemon starts)."""
+        if self.compute_mode is None:
+            return True
+        uuids = [g.uuid for g in daemon.plan.gpus]
+        try:
+            await self.compute_mode("exclusive-process", uuids)
+        except ComputeModeFailed as exc:
+            self.log.error(
+                "mps_compute_mode_failed",
+                resource=daemon.resource,
+                mode="EXCLUSIVE_PROCESS",
+                error=str(exc),
+                retry_in_s=self.opts.retry_interval,
+            )
+            self.metrics.count_error("compute-mode")
+            self._unready(f"compute mode EXCLUSIVE_PROCESS for {daemon.resource} not set: {exc}")
+            return False
+        self.log.info("mps_compute_mode_set", resource=daemon.resource, mode="EXCLUSIVE_PROCESS", gpus=uuids)
+        return True
+
+    async def _default_mode(self, daemon: ControlDaemon) -> None:
+        if self.compute_mode is None:
+            return
+        uuids = [g.uuid for g in daemon.plan.gpus]
+        try:
+            await self.compute_mode("default", uuids)
+        except ComputeModeFailed as exc:
+            self.log.error(
+                "mps_compute_mode_failed", resource=daemon.resource, mode="DEFAULT", error=str(exc)
+            )
+            return
+        self.log.info("mps_compute_mode_set", resource=daemon.resource, mode="DEFAULT", gpus=uuids)
+
+    def _follow_log(self, daemon: ControlDaemon) -> None:
+        """Follow the daemon's control.log from what it holds now (earlier lines were an earlier run's)."""
+        if daemon.resource not in self.tails:
+            path = os.path.join(self.root.log_dir(daemon.resource), "control.log")
+            self.tails[daemon.resource] = LogTail(path, from_end=True)
+
+    def forward_logs(self) -> int:
+        """New control.log lines into our log (``mps_control_log``); how many."""
+        count = 0
+        for resource, tail in list(self.tails.items()):
+            got = tail.read()
+            if got.reset is not None:
+                self.log.info("mps_control_log_reset", resource=resource, file=tail.path, reason=got.reset)
+            if got.skipped:
+                self.log.warning(
+                    "mps_control_log_skipped", resource=resource, file=tail.path, bytes=got.skipped
+                )
+            for line in got.lines:
+                self.log.info("mps_control_log", resource=resource, line=line)
+            count += len(got.lines)
+        return count
+
+    async def _forward_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.opts.log_interval)
+            self.forward_logs()
+
     async def stop_daemons(self) -> None:
         """``.ready`` first (the plugin stops advertising), then ``quit`` to every daemon."""
         with contextlib.suppress(FileNotFoundError):
@@ -208,22 +334,43 @@ class MpsAgent:
                 self.log.info("mps_daemon_stopped", resource=daemon.resource, output=out or None)
             except (MpsCommandError, OSError) as exc:
                 self.log.error("mps_daemon_stop_failed", resource=daemon.resource, error=str(exc))
+                continue  # still running: its GPUs keep their mode
+            await self._default_mode(daemon)
+        self.forward_logs()  # the daemons' last words
         self.daemons = []
+        self.tails = {}
 
     async def reload(self) -> None:
         """SIGHUP: plan again; the daemons are restarted when the plan changed (a refused file keeps
         the daemons as they are, logged as ``reload_failed``)."""
-        try:
-            changed = await self.make_plan()
-        except PlanFailed as exc:
-            self.log.error("mps_plan_failed", error=str(exc), keeping="the current daemons")
-            return
-        if changed:
-            self.log.info("mps_config_changed", action="restarting the control daemons")
-            await self.stop_daemons()
+        async with self.lock:
+            try:
+                changed = await self.make_plan()
+            except PlanFailed as exc:
+                self.log.error("mps_plan_failed", error=str(exc), keeping="the current daemons")
+                return
+            if changed:
+                self.log.info("mps_config_changed", action="restarting the control daemons")
+                await self.stop_daemons()
         self.wake.set()
 
+    async def replan(self) -> str | None:
+        """A newly chosen config file (the node label): None once it is in force (the daemons restarted
+        when the plan changed), else why it was refused (the daemons stay as they are)."""
+        async with self.lock:
+            try:
+                changed = await self.make_plan()
+            except (UsageError, PlanFailed) as exc:
+                return str(exc)
+            if changed:
+                self.log.info("mps_config_changed", action="restarting the control daemons")
+                await self.stop_daemons()
+        self.wake.set()
+        return None
+
     async def _first_plan(self) -> None:
+        if self.labelled is not None:
+            await self.labelled.first()
         while True:
             try:
                 await self.make_plan()
@@ -236,10 +383,15 @@ class MpsAgent:
     async def _loop(self) -> None:
         await self._first_plan()
         while True:
-            delay = await self.step()
+            async with self.lock:
+                delay = await self.step()
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), delay)
+
+    async def _follow_label(self, labelled: LabelledConfig) -> None:
+        await self.planned.wait()  # the first plan (made with the first choice) comes first
+        await labelled.follow(self.replan)
 
     async def run(self) -> None:
         try:
@@ -251,6 +403,9 @@ class MpsAgent:
                 tg.create_task(sdnotify.watchdog_task(), name="watchdog")
                 tg.create_task(on_sighup(self.reload, metrics=self.metrics, log=self.log), name="sighup")
                 tg.create_task(self._loop(), name="mps-daemons")
+                tg.create_task(self._forward_loop(), name="mps-control-log")
+                if self.labelled is not None:
+                    tg.create_task(self._follow_label(self.labelled), name="config-label")
         finally:
             sdnotify.notify(stopping=True, status="stopping")
             await self.stop_daemons()

@@ -8,8 +8,8 @@ start the control daemon with ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECT
 ``quit`` and removes ``.started``. Alive = the pid in ``nvidia-cuda-mps-control.pid`` exists and the
 control socket is there (two system calls: no process is started to watch it).
 
-Not done (said in docs/mps.md): the GPUs' compute mode is left as it is (NVIDIA sets
-``EXCLUSIVE_PROCESS`` with ``nvidia-smi -c``); MPS works in the default mode as well.
+The GPUs' compute mode (``EXCLUSIVE_PROCESS`` before the start, ``DEFAULT`` after the stop) is the
+agent's business (:mod:`gpunode.mps.agent`, through :mod:`gpunode.mps.computemode`).
 """
 
 from __future__ import annotations

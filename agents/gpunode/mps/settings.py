@@ -2,6 +2,9 @@
 
 The config file (``--config-file`` / ``CONFIG_FILE``) is the device plugin's ``version: v1`` file: its
 ``sharing.mps`` says what to share, ``flags.migStrategy`` and ``flags.mpsRoot`` may set the flags below.
+A directory there holds named configs, as for the device plugin: the node label
+``nvidia.com/device-plugin.config`` chooses one (``--default-config`` / ``DEFAULT_CONFIG`` and the
+fallbacks otherwise), through the device plugin's own code (:mod:`gpunode.kube.labelconfig`).
 """
 
 from __future__ import annotations
@@ -10,11 +13,19 @@ from dataclasses import dataclass
 
 from gpunode.api.mps import DEFAULT_ROOT
 from gpunode.api.plugin_types import MIG_STRATEGIES, MigStrategy
-from gpunode.common.settings import CommonWithConfigSettings, HttpSettings, group, setting
+from gpunode.common.settings import CommonWithConfigSettings, HttpSettings, KubeSettings, group, setting
+from gpunode.kube.labelconfig import LabelConfigSettings
 
-__all__ = ["HTTP_PORT", "MpsSettings"]
+__all__ = ["HTTP_PORT", "MpsSettings", "shm_size"]
 
 HTTP_PORT = 9456
+
+
+def shm_size(text: str) -> str:
+    """``--shm-size``: a tmpfs size, or ``""`` (the agent mounts nothing)."""
+    from gpunode.mps.shm import parse_size
+
+    return parse_size(text) if text.strip() else ""
 
 
 @dataclass(frozen=True)
@@ -52,4 +63,23 @@ class MpsSettings:
         metavar="SECONDS",
         help="wait before starting a daemon again after a failed start (NVIDIA: 30 s)",
     )
+    shm_size: str = setting(
+        "--shm-size",
+        env="MPS_SHM_SIZE",
+        type=shm_size,
+        default="65536k",
+        metavar="SIZE",
+        help="size of the tmpfs mounted at <mps-root>/shm unless one is there (needs CAP_SYS_ADMIN; "
+        'without it skipped and logged); "" mounts nothing',
+    )
+    log_interval: float = setting(
+        "--log-interval",
+        env="MPS_LOG_INTERVAL",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often the control daemons' control.log is read into this agent's log",
+    )
+    label_config: LabelConfigSettings = group(LabelConfigSettings)
+    kube: KubeSettings = group(KubeSettings)
     http: HttpSettings = group(HttpSettings, defaults={"http_port": HTTP_PORT})

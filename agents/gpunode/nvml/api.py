@@ -263,6 +263,15 @@ class Topology:
         )
 
 
+class ComputeMode(enum.IntEnum):
+    """nvmlComputeMode_t: who may create contexts on a GPU (MPS wants ``EXCLUSIVE_PROCESS``)."""
+
+    DEFAULT = 0
+    EXCLUSIVE_THREAD = 1  # deprecated by NVIDIA
+    PROHIBITED = 2
+    EXCLUSIVE_PROCESS = 3
+
+
 class EventKind(enum.Enum):
     XID = "xid"
     SINGLE_BIT_ECC = "sbe"
@@ -371,6 +380,12 @@ class Nvml(Protocol):
     async def mig_mode(self, index: int) -> MigMode | None: ...
 
     async def set_mig_mode(self, index: int, enabled: bool) -> SetMigModeResult: ...
+
+    async def compute_mode(self, index: int) -> ComputeMode: ...
+
+    async def set_compute_mode(self, index: int, mode: ComputeMode) -> None:
+        """Set the GPU's compute mode (root only: ``errors.NoPermission`` otherwise)."""
+        ...
 
     async def gi_profiles(self, index: int) -> list[GiProfile]: ...
 

@@ -29,6 +29,7 @@ from gpunode.nvml.api import (
     HEALTH_EVENTS,
     CiProfile,
     ComputeInstance,
+    ComputeMode,
     EventKind,
     FabricInfo,
     GiProfile,
@@ -437,6 +438,19 @@ class RealNvml:
         mode = _call(pynvml.nvmlDeviceGetMigMode, h)
         activation = {0: "applied", 16: "reset-required", 19: "in-use"}.get(status, f"status-{status}")
         return SetMigModeResult(bool(mode[0]), bool(mode[1]), activation)
+
+    # -- compute mode ---------------------------------------------------------------------------------------
+    async def compute_mode(self, index: int) -> ComputeMode:
+        return await self._run(self._compute_mode, index)
+
+    def _compute_mode(self, index: int) -> ComputeMode:
+        return ComputeMode(int(_call(pynvml.nvmlDeviceGetComputeMode, self._handle(index))))
+
+    async def set_compute_mode(self, index: int, mode: ComputeMode) -> None:
+        await self._run(self._set_compute_mode, index, mode)
+
+    def _set_compute_mode(self, index: int, mode: ComputeMode) -> None:
+        _call(pynvml.nvmlDeviceSetComputeMode, self._handle(index), int(mode))
 
     def _total_bytes(self, index: int) -> int:
         if index not in self._totals:

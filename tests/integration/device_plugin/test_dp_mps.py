@@ -21,6 +21,7 @@ import pytest
 from gpunode.common.hostpaths import HostPaths
 from gpunode.sim import mps_control
 from gpunode.sim.kubelet import FakeKubelet
+from helpers.mounts import unmount_under
 from helpers.waiting import until
 
 Starter = Any  # the start_plugin fixture (see conftest.py)
@@ -33,6 +34,7 @@ CONFIG = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/
 def short() -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))  # control socket paths stay under 107 bytes
     yield base
+    unmount_under(base)  # the agent's <root>/shm tmpfs (mounted when the tests run as root)
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -23,6 +23,7 @@ import pytest
 
 from gpunode.sim import mps_control
 from gpunode.sim import nvml as sim
+from helpers.mounts import unmount_under
 from helpers.waiting import EventLog, wait_until
 
 AGENT = str(Path(sys.executable).parent / "gpunode-mps-control-daemon")
@@ -35,6 +36,7 @@ def short() -> Iterator[Path]:
     """A short base directory: a control socket's path must fit in 107 bytes, as on a real host."""
     base = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))
     yield base
+    unmount_under(base)  # the agent's <root>/shm tmpfs (mounted when the tests run as root)
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -325,6 +325,8 @@ class FakeNvmlLib:
             ("nvmlDeviceGetBrand", "hp", d(lambda st, k, p: self._set(p, st.product(k[1]).brand))),
             ("nvmlDeviceGetNumaNodeId", "hp", d(lambda st, k, p: self._set(p, st.spec.gpus[k[1]].numa_node))),
             ("nvmlDeviceGetPersistenceMode", "hp", d(lambda st, k, p: self._set(p, 1))),
+            ("nvmlDeviceGetComputeMode", "hp", d(lambda st, k, p: self._set(p, st.gpus[k[1]].compute_mode))),
+            ("nvmlDeviceSetComputeMode", "hv", d(self._set_compute_mode, mutates=True)),
             ("nvmlDeviceGetAttributes_v2", "hp", d(self._attributes, mig_ok=True)),
             ("nvmlDeviceGetTopologyCommonAncestor", "hhp", self._sys(self._common_ancestor)),
             ("nvmlDeviceGetP2PStatus", "hhvp", self._sys(self._p2p_status)),
@@ -850,6 +852,9 @@ class FakeNvmlLib:
         if ret == codes.SUCCESS:
             return ret
         raise _Abort(ret)
+
+    def _set_compute_mode(self, st: SimNodeState, key: tuple[Any, ...], mode: Any) -> int:
+        return st.set_compute_mode(key[1], _val(mode))
 
     def _fill_gi_profile(self, st: SimNodeState, gpu: int, enum: int, info: Any, versioned: bool) -> int:
         ret = st.check_gi_profile(gpu, enum)

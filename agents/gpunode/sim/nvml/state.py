@@ -107,6 +107,8 @@ class SimGpuState:
     pcie_replay: int = 0
     processes: list[ProcessState] = field(default_factory=list)
     fabric_fault: str | None = None  # one of FABRIC_FAULTS
+    compute_mode: int = 0  # nvmlComputeMode_t (DEFAULT)
+    compute_mode_locked: bool = False  # setting it fails with NO_PERMISSION (as for a non-root caller)
 
 
 @dataclass
@@ -253,6 +255,16 @@ class SimNodeState:
             return codes.SUCCESS, codes.RESET_REQUIRED
         st.mig_current = mode
         return codes.SUCCESS, codes.SUCCESS
+
+    def set_compute_mode(self, gpu: int, mode: int) -> int:
+        """nvmlDeviceSetComputeMode: a return code (0..3 are valid modes; 1 is deprecated but accepted)."""
+        st = self.gpus[gpu]
+        if mode not in (0, 1, 2, 3):
+            return codes.INVALID_ARGUMENT
+        if st.compute_mode_locked:
+            return codes.NO_PERMISSION
+        st.compute_mode = mode
+        return codes.SUCCESS
 
     def reset_gpu(self, gpu: int) -> int:
         st = self.gpus[gpu]
