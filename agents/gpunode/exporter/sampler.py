@@ -92,41 +92,23 @@ class Sampler:
         refresh = self.passes % INVENTORY_EVERY == 0 or not self.known
         if refresh:
             self.known.update({g.index: g for g in await self.nvml.gpus()})  # full inventory now and then
+        # the GPUs are sampled together: the one NVML thread answers their calls back to back instead of
+        # each call waiting for the event loop to take the previous answer
+        indices = sorted(self.known)
+        answers = await asyncio.gather(
+            *(self._sample_gpu(i, refresh) for i in indices), return_exceptions=True
+        )
         samples = []
         without_gpm: list[int] = []
-        for index in sorted(self.known):
-            info = self.known[index]
-            try:
-                tm = await self.nvml.telemetry(index)
-                mode = await self.nvml.mig_mode(index)
-                if mode != info.mig:
-                    info = self.known[index] = replace(info, mig=mode)
-                migs: tuple[MigSample, ...] = ()
-                if mode is not None and mode.current:
-                    devices = self.layouts.get(index)
-                    if devices is None or index in self.layout_changed or refresh:
-                        # identity of the MIG devices: again only when the layout changed (NVML event);
-                        # an event during the read asks again, and so does a read that fails
-                        self.layout_changed.discard(index)
-                        try:
-                            devices = self.layouts[index] = tuple(await self.nvml.mig_devices(index))
-                        except BaseException:
-                            self.layout_changed.add(index)
-                            raise
-                        migs = tuple(MigSample(d, d.memory_used_mib, d.memory_free_mib) for d in devices)
-                    else:
-                        memory = await self.nvml.mig_memory(index)
-                        migs = tuple(MigSample(d, *memory.get(d.uuid, (None, None))) for d in devices)
-                else:
-                    self.layouts.pop(index, None)
-                gpm = await self.nvml.gpm_utilization(index) if index not in self.no_gpm else None
-            except errors.GpuLost:
-                samples.append(GpuSample(info, None))  # lost: its identity stays, with health 0
-                continue
-            if gpm is None and self.passes >= 1 and index not in self.no_gpm:
+        for index, answer in zip(indices, answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise answer  # the first error in GPU order, as one GPU after the other
+            samples.append(answer)
+            if answer.telemetry is None:
+                continue  # lost: its identity stays, with health 0
+            if answer.gpm is None and self.passes >= 1 and index not in self.no_gpm:
                 self.no_gpm.add(index)  # the first call only starts the window; after that None means no GPM
                 without_gpm.append(index)
-            samples.append(GpuSample(info, tm, migs, gpm))
         if without_gpm:  # one event for every GPU found without GPM in this pass (normally the second)
             self.log.info(
                 "profiling_metrics_unavailable",
@@ -147,6 +129,36 @@ class Sampler:
         self.latest = snap
         self.passes += 1
         return snap
+
+    async def _sample_gpu(self, index: int, refresh: bool) -> GpuSample:
+        info = self.known[index]
+        try:
+            tm = await self.nvml.telemetry(index)
+            mode = await self.nvml.mig_mode(index)
+            if mode != info.mig:
+                info = self.known[index] = replace(info, mig=mode)
+            migs: tuple[MigSample, ...] = ()
+            if mode is not None and mode.current:
+                devices = self.layouts.get(index)
+                if devices is None or index in self.layout_changed or refresh:
+                    # identity of the MIG devices: again only when the layout changed (NVML event);
+                    # an event during the read asks again, and so does a read that fails
+                    self.layout_changed.discard(index)
+                    try:
+                        devices = self.layouts[index] = tuple(await self.nvml.mig_devices(index))
+                    except BaseException:
+                        self.layout_changed.add(index)
+                        raise
+                    migs = tuple(MigSample(d, d.memory_used_mib, d.memory_free_mib) for d in devices)
+                else:
+                    memory = await self.nvml.mig_memory(index)
+                    migs = tuple(MigSample(d, *memory.get(d.uuid, (None, None))) for d in devices)
+            else:
+                self.layouts.pop(index, None)
+            gpm = await self.nvml.gpm_utilization(index) if index not in self.no_gpm else None
+        except errors.GpuLost:
+            return GpuSample(info, None)  # lost: its identity stays, with health 0
+        return GpuSample(info, tm, migs, gpm)
 
     async def _attribution(self, samples: list[GpuSample]) -> Attribution | None:
         if self.pods is None:
