@@ -131,7 +131,20 @@ def run_case(name: str, config: str, idle: float) -> dict[str, Any]:
             "exit_code": proc.returncode,
         }
     finally:
+        unmount_shm(base / "mps" / "shm")
         shutil.rmtree(base, ignore_errors=True)
+
+
+def unmount_shm(path: Path) -> None:
+    """The agent mounts a tmpfs at <root>/shm when it may (root): never leave it behind."""
+    import ctypes
+    import ctypes.util
+
+    from gpunode.mps.shm import is_mountpoint
+
+    if is_mountpoint(str(path)) is not None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.umount2(os.fsencode(path), 2)  # MNT_DETACH
 
 
 def main() -> int:

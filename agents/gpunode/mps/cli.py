@@ -68,8 +68,26 @@ async def _child(cmd: Sequence[str], environ: dict[str, str], what: str) -> tupl
     return proc.returncode or 0, out, err.decode("utf-8", "replace").strip()
 
 
-def start(ctx: AgentContext[MpsSettings]) -> Started:
+def mount_shm_and_exit(s: MpsSettings) -> int:
+    """``--mount-shm``: NVIDIA's ``mount-shm`` step alone (the init container): 0 mounted or present."""
+    from gpunode.api.mps import MpsRoot
+    from gpunode.common.logging import get_logger
+    from gpunode.mps.shm import DEFAULT_SIZE, mount_shm
+
+    log = get_logger("gpunode.mps")
+    result = mount_shm(MpsRoot(s.mps_root).shm_dir, s.shm_size or DEFAULT_SIZE)
+    if result.outcome == "skipped":
+        log.error("mps_shm_not_mounted", path=result.path, reason=result.detail)
+        return 1
+    event = "mps_shm_mounted" if result.outcome == "mounted" else "mps_shm_present"
+    log.info(event, path=result.path, detail=result.detail)
+    return 0
+
+
+def start(ctx: AgentContext[MpsSettings]) -> Started | int:
     s = ctx.settings
+    if s.mount_shm:
+        return mount_shm_and_exit(s)
     sources = ctx.parsed.sources
     # flag > env > the file's flags.* > default: the file is read by the planning child
     mig_given = sources.get("mig_strategy", "default") != "default"

@@ -72,6 +72,15 @@ class MpsSettings:
         help="size of the tmpfs mounted at <mps-root>/shm unless one is there (needs CAP_SYS_ADMIN; "
         'without it skipped and logged); "" mounts nothing',
     )
+    mount_shm: bool = setting(
+        "--mount-shm",
+        env="MPS_MOUNT_SHM",
+        type=bool,
+        default=False,
+        negatable=False,
+        help="mount the tmpfs at <mps-root>/shm (--shm-size) and exit: 0 when it is there afterwards, 1 "
+        "when it could not be mounted (NVIDIA's mount-shm; the DaemonSet's init container)",
+    )
     log_interval: float = setting(
         "--log-interval",
         env="MPS_LOG_INTERVAL",

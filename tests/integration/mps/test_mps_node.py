@@ -294,3 +294,28 @@ def test_node_label_chooses_the_config_as_for_the_device_plugin(
     api.patch_node(NODE, {"metadata": {"labels": {LABEL: "two"}}})
     wait_until(lambda: ready_threads(root) == 20, timeout=30)
     assert control(root, "get_default_active_thread_percentage") == "20.0"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_mount_shm_alone_as_the_init_container_runs_it(short: Path) -> None:
+    root = short / "mps"
+    cmd = [AGENT, "--mount-shm", "--mps-root", str(root), "--shm-size", "16m", "--log-format", "json"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert '"mps_shm_mounted"' in first.stdout + first.stderr
+    assert mounts_under(root) == [str(root / "shm")]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0
+    assert '"mps_shm_present"' in again.stdout + again.stderr
+    assert mounts_under(root) == [str(root / "shm")]  # once
+    if shutil.which("setpriv") is not None:  # without CAP_SYS_ADMIN: exit 1 with the reason
+        other = [*cmd[:3], str(short / "other"), *cmd[4:]]
+        denied = subprocess.run(
+            ["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin", *other],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert denied.returncode == 1
+        assert "CAP_SYS_ADMIN" in denied.stdout + denied.stderr
+        assert mounts_under(short / "other") == []
