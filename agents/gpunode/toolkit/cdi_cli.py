@@ -12,7 +12,9 @@
 `--output -` prints it). The spec's hooks run gpunode's gpunode-cdi-hook, which generate installs at
 --hook-path (under --host-root) first; a --hook-path naming another program (NVIDIA's nvidia-cdi-hook
 or nvidia-ctk) must exist. With --watch (GPUNODE_CDI_WATCH) it stays up and rewrites the file whenever NVML
-reports a MIG configuration change and the content changed. `list` prints the fully qualified device
+reports a MIG configuration change and the content changed. --also-kind KINDS writes the same devices
+under other kinds beside --output (<vendor>-<class>.<ext>); an imex-channel kind there gets the IMEX
+channel nodes' spec instead (none: no file). `list` prints the fully qualified device
 names (nvidia.com/gpu=0, ...) that the spec of the current devices holds, or those of --spec FILE.
 
 Exit 0 on success, 1 on failure (NVML, no driver library in the driver root, an unwritable output or
@@ -94,9 +96,28 @@ class GenerateJob:
 
 
 def also_kinds(text: str, main_kind: str) -> tuple[str, ...]:
-    """``--also-kind``: comma-separated kinds, validated, the main kind dropped."""
+    """``--also-kind``: comma-separated kinds, validated, the main kind dropped. A kind of the
+    ``imex-channel`` class gets the IMEX channels' spec (:func:`also_spec`); an IMEX main spec takes
+    only other IMEX kinds (GPU names over channel nodes would be wrong). ``ValueError`` otherwise."""
     kinds = [validate_kind(k.strip()) for k in text.split(",") if k.strip()]
+    if is_imex_kind(main_kind):
+        gpu = [k for k in kinds if not is_imex_kind(k)]
+        if gpu:
+            raise ValueError(
+                f"--also-kind {','.join(gpu)}: the main spec is of IMEX channels ({main_kind}); "
+                "only other imex-channel kinds can be written beside it"
+            )
     return tuple(dict.fromkeys(k for k in kinds if k != main_kind))
+
+
+def also_spec(spec: Spec, kind: str, job: GenerateJob) -> Spec:
+    """The spec written under ``kind`` beside the main one: the same devices, or, for an
+    ``imex-channel`` kind beside a GPU spec, the IMEX channel nodes found now under the dev root (the
+    device plugin's ``k8s.device-plugin.nvidia.com/imex-channel=<N>`` names resolve there)."""
+    if is_imex_kind(kind) and not is_imex_kind(spec.kind):
+        channels = discover_channels(job.host, job.opts.dev_root)
+        return build_imex_spec(channels, replace(job.opts, kind=kind))
+    return replace(spec, kind=kind)
 
 
 def kind_path(output: str, kind: str) -> str:
@@ -144,8 +165,8 @@ def prepare_hook(job: GenerateJob, install: bool, log: Logger) -> None:
     gpunode's hook is installed (atomically; nothing written when it is current) when the spec goes
     to a file and ``install``; any other program must already be there. ``ValueError`` (exit 2) for a
     missing or unusable program; ``OSError`` when the install fails."""
-    if not hooks_enabled(job.opts):
-        return
+    if not hooks_enabled(job.opts) or is_imex_kind(job.opts.kind):
+        return  # no hook in the spec (an IMEX channel spec has only device nodes): nothing to check
     hook = job.opts.hook_path
     local = job.host.host(hook)
     if is_gpunode_hook(hook) and install and job.output is not None:
@@ -206,21 +227,31 @@ async def snapshot(nvml: Nvml | None, job: GenerateJob, log: Logger) -> Spec:
 
 
 def write_spec(spec: Spec, job: GenerateJob, log: Logger) -> bool:
-    """Write the spec (only when its content changed); True when written. Raises OSError."""
-    text = render(spec, job.fmt)
+    """Write the spec and the ``--also-kind`` ones (each only when its content changed); True when one
+    was written or removed. An IMEX channel spec with no channel is not written (a spec without
+    devices names nothing and some runtimes refuse it), and an earlier one at its path is removed:
+    its names no longer resolve to nodes. Raises OSError."""
     if job.output is None:
-        print_quietly(text)
+        print_quietly(render(spec, job.fmt))
         return True
     parent = os.path.dirname(os.path.abspath(job.output))
     os.makedirs(parent, mode=0o755, exist_ok=True)
     written = False
     for kind, path in [(spec.kind, job.output), *((k, kind_path(job.output, k)) for k in job.also_kinds)]:
-        body = text if kind == spec.kind else render(replace(spec, kind=kind), job.fmt)
-        if atomic_write(path, body, 0o644, only_if_changed=True):
-            log.info("cdi_spec_written", path=path, devices=len(spec.devices), kind=kind)
+        this = spec if kind == spec.kind else also_spec(spec, kind, job)
+        if is_imex_kind(kind) and not this.devices:
+            removed = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed = True
+            log.info("cdi_spec_no_devices", path=path, kind=kind, removed=removed)
+            written |= removed
+            continue
+        if atomic_write(path, render(this, job.fmt), 0o644, only_if_changed=True):
+            log.info("cdi_spec_written", path=path, devices=len(this.devices), kind=kind)
             written = True
         else:
-            log.info("cdi_spec_unchanged", path=path, devices=len(spec.devices))
+            log.info("cdi_spec_unchanged", path=path, devices=len(this.devices))
     return written
 
 
@@ -294,6 +325,8 @@ async def _generate(
     # opened: what monitoring containers get their device nodes from)
     management = job.opts.mode == "management" and not keep_watching
     if management and await asyncio.to_thread(driver_version_from_host, job.host) is not None:
+        return await _write_once(None, job, verb, log)
+    if is_imex_kind(job.opts.kind) and not keep_watching:  # channel nodes only: no NVML, no driver
         return await _write_once(None, job, verb, log)
     try:
         nvml = await ctx.open_nvml(str(job.host.driver_dir))

@@ -107,7 +107,8 @@ class CdiSpecSettings:
         default="",
         metavar="KINDS",
         help="write the same devices under these kinds too, comma-separated, each to <vendor>-<class>.<ext> "
-        "next to --output (k8s.device-plugin.nvidia.com/gpu: the names the device plugin hands out)",
+        "next to --output (k8s.device-plugin.nvidia.com/gpu: the names the device plugin hands out); a kind "
+        "of class imex-channel gets the IMEX channel nodes instead (none found: no file)",
     )
     allow_missing_libraries: bool = setting(
         "--allow-missing-libraries",
