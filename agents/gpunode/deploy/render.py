@@ -282,7 +282,8 @@ def requested_runtime_class(policy: ClusterPolicy) -> str | None:
     devices and the runtime injects them. Only the legacy path (``spec.cdi.enabled: false``) renders
     one, ``spec.operator.runtimeClass`` (default ``nvidia``), whose handler the toolkit registers,
     running NVIDIA's runtime, which must then be on the host (the toolkit fails clearly otherwise).
-    No agent uses one: they load NVML from the mounted driver root.
+    On that path the agents that open the GPUs (device plugin, feature discovery, exporter, MPS control
+    daemon) use it too: NVIDIA's runtime gives them the device nodes (``NVIDIA_VISIBLE_DEVICES=all``).
     """
     if policy.spec.cdi.enabled:
         return None
@@ -291,6 +292,9 @@ def requested_runtime_class(policy: ClusterPolicy) -> str | None:
 
 #: The kind of the CDI names the device plugin hands out (its own, as NVIDIA's plugin).
 PLUGIN_CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+#: The kind of the IMEX channel names it hands out (``imex.channelIDs``): the toolkit writes that spec
+#: from the channel nodes beside the GPU ones (none on the node: no file).
+PLUGIN_IMEX_KIND = "k8s.device-plugin.nvidia.com/imex-channel"
 #: Runtime configuration the toolkit edits, per runtime: (config dir, socket dir).
 RUNTIME_DIRS = {"containerd": ("/etc/containerd", "/run/containerd"), "crio": ("/etc/crio", "/var/run/crio")}
 
@@ -397,6 +401,24 @@ def _restricted(run_as_root: bool = False, add: tuple[str, ...] = ()) -> Obj:
 
 
 _PRIVILEGED: Obj = {"privileged": True, "readOnlyRootFilesystem": False, "runAsUser": 0}
+
+
+def _privileged_gpu(run_as_root: bool = False) -> Obj:
+    """A container that opens the GPUs without NVIDIA's runtime: ``privileged``, the only generic way to
+    pass the device cgroup (docs/cdi.md, "How the agents reach the GPU"). What privilege leaves to keep is
+    kept: the user (65532 where root is not needed) and a read-only root file system. Not written, because
+    the API or the runtime ignores or refuses them with ``privileged``: ``allowPrivilegeEscalation: false``
+    (refused), dropped capabilities and a seccomp profile (privileged containers get every capability and
+    run unconfined)."""
+    sc: Obj = {"privileged": True, "readOnlyRootFilesystem": True}
+    if run_as_root:
+        sc["runAsUser"] = 0
+        sc["runAsNonRoot"] = False
+    else:
+        sc["runAsUser"] = NONROOT_UID
+        sc["runAsGroup"] = NONROOT_UID
+        sc["runAsNonRoot"] = True
+    return sc
 
 
 def _probe(path: str, port: str, *, period: int = 10, failures: int = 3, delay: int = 0) -> Obj:
@@ -524,6 +546,26 @@ class _Renderer:
             _env("NVIDIA_DISABLE_REQUIRE", "true"),
             _env("NVIDIA_DRIVER_ROOT", "/driver-root"),
         ]
+
+    def _gpu_security(self, run_as_root: bool = False, add: tuple[str, ...] = ()) -> Obj:
+        """The securityContext of an agent container that opens the GPUs (NVML, MPS).
+
+        CDI (``spec.cdi.enabled``): privileged, because nothing else gives a pod the device nodes without
+        NVIDIA's runtime (a hostPath ``/dev`` does not pass the device cgroup; the runtimes apply CDI
+        devices only from the device plugin or DRA, not from pod annotations). Legacy: unprivileged, and
+        :meth:`_gpu_pod` sets the RuntimeClass whose NVIDIA runtime injects the devices."""
+        if self.s.cdi.enabled:
+            return _privileged_gpu(run_as_root)
+        return _restricted(run_as_root=run_as_root, add=add)
+
+    def _gpu_pod(self, pod: Obj) -> Obj:
+        """``pod`` with the legacy path's RuntimeClass (NVIDIA's runtime reads ``NVIDIA_VISIBLE_DEVICES``
+        and injects the GPUs); unchanged with CDI, where :meth:`_gpu_security` makes the containers
+        privileged instead."""
+        runtime_class = requested_runtime_class(self.p)
+        if runtime_class is not None:
+            pod["runtimeClassName"] = runtime_class
+        return pod
 
     def _container(self, agent: Agent, command: list[str], env: list[Obj], user_env: Iterable[EnvVar]) -> Obj:
         c: Obj = {
@@ -829,9 +871,12 @@ class _Renderer:
         env = self._base_env(agent) + self._nvml_env() + [_env("RUNTIME", runtime)]
         # The spec names host paths: the driver root, /proc/driver and the hook directory are mounted where
         # the host has them under --host-root /host (the spec says /run/nvidia/driver/..., never /host/...).
-        # The device plugin's CDI names (k8s.device-plugin.nvidia.com/gpu=...) resolve in a second spec.
+        # The device plugin's CDI names (k8s.device-plugin.nvidia.com/gpu=...) resolve in a second spec,
+        # its IMEX channel names (k8s.device-plugin.nvidia.com/imex-channel=N) in a third, written from the
+        # channel nodes whatever the plugin's config says (no channel node: no file).
         cmd = [*agent.command, "--host-root", "/host", "--driver-root", self.driver_root]
-        cmd += ["--output", "/var/run/cdi/nvidia.yaml", "--also-kind", PLUGIN_CDI_KIND]
+        also = f"{PLUGIN_CDI_KIND},{PLUGIN_IMEX_KIND}"
+        cmd += ["--output", "/var/run/cdi/nvidia.yaml", "--also-kind", also]
         in_host = "/host" + self.driver_root.rstrip("/")
         mounts = [
             _mount("driver-root", in_host, read_only=True, propagation="HostToContainer"),
@@ -845,7 +890,11 @@ class _Renderer:
         else:  # a host driver: validate it, which writes driver-ready for everything after
             inits.append(self._validate_init("driver", [_mount("host-root", "/host", read_only=True)]))
         first = self._container(agent, cmd, env, self.s.toolkit.env)
-        first.update(name="cdi-generate", securityContext=_restricted(run_as_root=True), volumeMounts=mounts)
+        # privileged on both paths: NVML needs the device nodes, and the toolkit runs before any
+        # RuntimeClass handler exists (it registers the legacy one itself)
+        first.update(
+            name="cdi-generate", securityContext=_privileged_gpu(run_as_root=True), volumeMounts=mounts
+        )
         inits.append(first)
         volumes = [
             _host_volume("driver-root", self.driver_root),
@@ -862,7 +911,7 @@ class _Renderer:
             volumes += extra
         inits.append(self._validate_init("toolkit", [_mount("cdi", "/var/run/cdi", read_only=True)]))
         main = self._container(agent, [*cmd, "--watch"], env, self.s.toolkit.env)
-        main["securityContext"] = _restricted(run_as_root=True)
+        main["securityContext"] = _privileged_gpu(run_as_root=True)  # NVML's MIG events
         # cdi-generate installed the hook; the watch only checks it is current (no write)
         main["volumeMounts"] = [*mounts[:3], _mount("gpunode-bin", "/host" + HOOK_DIR, read_only=True)]
         pod: Obj = {"initContainers": inits, "containers": [main], "volumes": volumes}
@@ -916,7 +965,8 @@ class _Renderer:
             "imagePullPolicy": self.s.gpunode.image_pull_policy,
             "command": [_validator(), "--component", component],
             "env": _merge_env(env, _user_env(self.s.validator.env)),
-            "securityContext": _restricted(run_as_root=True),
+            # NVML (the driver's GPUs; the toolkit's check lists them against the specs): as cdi-generate
+            "securityContext": _privileged_gpu(run_as_root=True),
             "resources": _resources("validator"),
             "volumeMounts": [
                 # writes <component>-ready; the validator puts it under its host root (HOST_ROOT=/host for
@@ -968,17 +1018,18 @@ class _Renderer:
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch", "patch"]}
             )
         main = self._container(agent, agent.command, env, dp.env)
-        # Root to create its sockets in the kubelet's root-owned directory; no privilege, no escalation.
-        # SYS_ADMIN only for MIG (reading the MIG capability files), as NVIDIA's chart does.
+        # Root to create its sockets in the kubelet's root-owned directory. Legacy: no privilege, no
+        # escalation, SYS_ADMIN only for MIG (reading the MIG capability files), as NVIDIA's chart does;
+        # CDI: privileged for the device nodes (_gpu_security).
         add = ("SYS_ADMIN",) if self.s.mig.strategy != "none" else ()
-        main["securityContext"] = _restricted(run_as_root=True, add=add)
+        main["securityContext"] = self._gpu_security(run_as_root=True, add=add)
         main["volumeMounts"] = mounts
         pod: Obj = {
             "initContainers": [self._wait_init("toolkit")],
             "containers": [main],
             "volumes": volumes,
         }
-        return [*objs, self._daemonset(agent, pod)], cluster_rules, []
+        return [*objs, self._daemonset(agent, self._gpu_pod(pod))], cluster_rules, []
 
     def _mps_control_daemon(self, agent: Agent) -> tuple[list[Obj], list[Obj], list[Obj]]:
         """NVIDIA's MPS control daemon DaemonSet: on nodes GFD labels ``nvidia.com/mps.capable=true``
@@ -1013,7 +1064,7 @@ class _Renderer:
         # the device plugin's env where it names a setting of this agent (LOG_LEVEL, MIG_STRATEGY, ...)
         known = {e for flag in flags_of(registry.spec(agent.key).settings_type) for e in flag.envs}
         main = self._container(agent, agent.command, env, [e for e in dp.env if e.name in known])
-        main["securityContext"] = _restricted(run_as_root=True, add=("SETUID", "SETGID"))
+        main["securityContext"] = self._gpu_security(run_as_root=True, add=("SETUID", "SETGID"))
         main["volumeMounts"] = mounts
         pod: Obj = {
             "hostPID": True,
@@ -1021,7 +1072,7 @@ class _Renderer:
             "containers": [main],
             "volumes": volumes,
         }
-        return [self._daemonset(agent, pod)], [], []
+        return [self._daemonset(agent, self._gpu_pod(pod))], [], []
 
     def _config_map(
         self, agent: Agent, config: NamedConfig, default_name: str
@@ -1067,7 +1118,7 @@ class _Renderer:
             volumes.append({"name": "available-configs", "configMap": {"name": cm[0]}})
             cluster_rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]})
         main = self._container(agent, [*agent.command, "--use-node-feature-api"], env, self.s.gfd.env)
-        main["securityContext"] = _restricted()
+        main["securityContext"] = self._gpu_security()
         main["volumeMounts"] = mounts
         pod: Obj = {
             "initContainers": [self._wait_init("toolkit")],
@@ -1082,7 +1133,7 @@ class _Renderer:
             },
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
         ]
-        return [self._daemonset(agent, pod)], cluster_rules, ns_rules
+        return [self._daemonset(agent, self._gpu_pod(pod))], cluster_rules, ns_rules
 
     def _exporter(self, agent: Agent) -> tuple[list[Obj], list[Obj], list[Obj]]:
         ex = self.s.dcgm_exporter
@@ -1096,8 +1147,9 @@ class _Renderer:
         # The kubelet creates pod-resources/ 0750 and its socket owned by root, and connecting to a socket
         # takes write permission on it: only root gets in (a group does not: the socket is not group
         # writable). So with pod labels on, the exporter runs as root, with every capability dropped (no
-        # DAC override: root is simply the owner), no privilege escalation, a read-only root file system.
-        main["securityContext"] = _restricted(run_as_root=pods)
+        # DAC override: root is simply the owner), no privilege escalation, a read-only root file system
+        # (legacy); with CDI it is privileged for the device nodes (_gpu_security), as root or as 65532.
+        main["securityContext"] = self._gpu_security(run_as_root=pods)
         main["volumeMounts"] = [
             # the kubelet's PodResources socket (pod labels): connecting needs no writable mount
             *([_mount("pod-resources", "/var/lib/kubelet/pod-resources", read_only=True)] if pods else []),
@@ -1126,7 +1178,7 @@ class _Renderer:
                 "ports": [{"name": "metrics", "port": 9400, "targetPort": "metrics", "protocol": "TCP"}],
             },
         }
-        objs = [self._daemonset(agent, pod), service]
+        objs = [self._daemonset(agent, self._gpu_pod(pod)), service]
         sm = ex.service_monitor
         if sm.enabled:
             meta = self._meta(agent.name, agent)

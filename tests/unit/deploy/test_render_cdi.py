@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpunode.api.clusterpolicy import load_policy
-from gpunode.deploy.render import PLUGIN_CDI_KIND, render
+from gpunode.deploy.render import PLUGIN_CDI_KIND, PLUGIN_IMEX_KIND, render
 
 BASE = "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\n"
 
@@ -42,7 +42,8 @@ def test_cdi_by_default(tmp_path: Path) -> None:
     toolkit = _pod(objs, "gpunode-toolkit")
     generate = _init(toolkit, "cdi-generate")
     assert generate is not None
-    assert generate["command"][-2:] == ["--also-kind", PLUGIN_CDI_KIND]
+    # the device plugin's names: GPUs, and IMEX channels (written from the channel nodes, none: no file)
+    assert generate["command"][-2:] == ["--also-kind", f"{PLUGIN_CDI_KIND},{PLUGIN_IMEX_KIND}"]
     # host paths in the spec: the driver root where the host has it, under --host-root /host
     command = " ".join(generate["command"])
     assert "--host-root /host --driver-root /run/nvidia/driver" in command

@@ -41,7 +41,10 @@ def test_the_daemonset_is_nvidias() -> None:
     assert pod["hostPID"] is True
     main = pod["containers"][0]
     assert main["command"] == ["gpunode-mps-control-daemon"]
-    assert sorted(main["securityContext"]["capabilities"]["add"]) == ["SETGID", "SETUID"]
+    # CDI (the default): privileged for the GPUs' device nodes, which gives SETUID/SETGID too; the legacy
+    # path adds just these two (test_render_device_access)
+    assert main["securityContext"]["privileged"] is True
+    assert main["securityContext"]["runAsUser"] == 0
     assert env(pod)["MPS_ROOT"] == "/run/nvidia/mps"
     assert "CONFIG_FILE" not in env(pod)  # no config: nothing to share, the daemon waits
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
