@@ -1035,15 +1035,19 @@ class _Renderer:
         """NVIDIA's MPS control daemon DaemonSet: on nodes GFD labels ``nvidia.com/mps.capable=true``
         (``sharing.mps`` configured), with the device plugin's config, root with CAP_SETUID/CAP_SETGID (MPS
         servers run as their clients' users) and the host's PID namespace, as NVIDIA's (clients and servers
-        must see each other's processes). The config is the device plugin's ConfigMap: its
-        ``devicePlugin.config.default`` file (or the only file of a ConfigMap created here); a config chosen
-        per node by label is not followed (docs/mps.md)."""
+        must see each other's processes). The config is the device plugin's ConfigMap, as a directory: the
+        node label ``nvidia.com/device-plugin.config`` chooses the file as for the device plugin, else its
+        ``devicePlugin.config.default`` (or the only file of a ConfigMap created here); watching the node
+        takes get/watch on nodes. An init container (``mps-control-daemon-mounts``, NVIDIA's) mounts the
+        ``<root>/shm`` tmpfs through a ``Bidirectional`` volume, which only a privileged container may
+        have; it exits at once, the daemon's container gets no more privilege for it (docs/mps.md)."""
         dp = self.s.device_plugin
         root = dp.mps.root
         env = self._base_env(agent) + self._nvml_env("compute,utility")
         env += [_env("MIG_STRATEGY", self.s.mig.strategy), _env("MPS_ROOT", root)]
         mounts = [
-            _mount("mps-root", root),
+            # HostToContainer: the init container's tmpfs at <root>/shm is seen here (mps_shm_present)
+            _mount("mps-root", root, propagation="HostToContainer"),
             _mount("mps-shm", "/dev/shm"),  # the clients' /dev/shm (the plugin mounts <root>/shm there)
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
         ]
@@ -1057,22 +1061,36 @@ class _Renderer:
         chosen = dp.config.default or (
             next(iter(dp.config.data)) if dp.config.create and len(dp.config.data) == 1 else ""
         )
+        cluster_rules: list[Obj] = []
         if cm is not None and chosen:
-            env.append(_env("CONFIG_FILE", f"/available-configs/{chosen}"))
+            # the directory, as the device plugin gets it: the node label chooses (gpunode.mps.labelled)
+            env += [_env("CONFIG_FILE", "/available-configs"), _env("DEFAULT_CONFIG", chosen)]
             mounts.append(_mount("available-configs", "/available-configs", read_only=True))
             volumes.append({"name": "available-configs", "configMap": {"name": cm[0]}})
+            cluster_rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]})
         # the device plugin's env where it names a setting of this agent (LOG_LEVEL, MIG_STRATEGY, ...)
         known = {e for flag in flags_of(registry.spec(agent.key).settings_type) for e in flag.envs}
         main = self._container(agent, agent.command, env, [e for e in dp.env if e.name in known])
         main["securityContext"] = self._gpu_security(run_as_root=True, add=("SETUID", "SETGID"))
         main["volumeMounts"] = mounts
+        shm_init: Obj = {  # NVIDIA's mps-control-daemon-mounts: the <root>/shm tmpfs, on the host
+            "name": "mps-control-daemon-mounts",
+            "image": self.image,
+            "imagePullPolicy": self.s.gpunode.image_pull_policy,
+            "command": [*agent.command, "--mount-shm"],
+            "env": [_env("LOG_FORMAT", "json"), _env("MPS_ROOT", root)],
+            # Bidirectional propagation (the mount must reach the host) is allowed to privileged only
+            "securityContext": {"privileged": True, "runAsUser": 0, "readOnlyRootFilesystem": True},
+            "resources": _resources(agent.key),
+            "volumeMounts": [_mount("mps-root", root, propagation="Bidirectional")],
+        }
         pod: Obj = {
             "hostPID": True,
-            "initContainers": [self._wait_init("toolkit")],
+            "initContainers": [self._wait_init("toolkit"), shm_init],
             "containers": [main],
             "volumes": volumes,
         }
-        return [self._daemonset(agent, self._gpu_pod(pod))], [], []
+        return [self._daemonset(agent, self._gpu_pod(pod))], cluster_rules, []
 
     def _config_map(
         self, agent: Agent, config: NamedConfig, default_name: str

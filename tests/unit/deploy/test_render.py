@@ -35,6 +35,7 @@ RBAC = {
     "gpunode-mig-manager": {
         "ClusterRole": [("", "nodes", ["get", "watch", "patch"]), ("", "pods", ["list"])]
     },
+    "gpunode-mps-control-daemon": {"ClusterRole": [("", "nodes", ["get", "watch"])]},
     "gpunode-driver-loader": {
         "ClusterRole": [
             ("", "nodes", ["get", "watch", "patch"]),
@@ -249,7 +250,10 @@ def test_rbac_exactly_as_documented(name: str) -> None:
             ]
             found.setdefault(o["metadata"]["name"], {})[o["kind"]] = rules
     expected = {k: dict(v) for k, v in RBAC.items()}
-    if not policy.spec.device_plugin.config.name:
+    dp_config = policy.spec.device_plugin.config
+    if not (dp_config.name and (dp_config.default or (dp_config.create and len(dp_config.data) == 1))):
+        expected.pop("gpunode-mps-control-daemon")  # no config directory to choose from by label
+    if not dp_config.name:
         expected.pop("gpunode-device-plugin")
         expected["gpunode-feature-discovery"].pop("ClusterRole")
     if not policy.spec.driver.enabled:
@@ -283,6 +287,11 @@ WRITABLE = {
     ("gpunode-mig-manager", "mig-manager", "/var/lib/gpunode/mig"): "the apply journal",
     ("gpunode-mps-control-daemon", "mps-control-daemon", "/run/nvidia/mps"): "pipe/log dirs, .ready",
     ("gpunode-mps-control-daemon", "mps-control-daemon", "/dev/shm"): "MPS shared memory (<root>/shm)",
+    (
+        "gpunode-mps-control-daemon",
+        "mps-control-daemon-mounts",
+        "/run/nvidia/mps",
+    ): "mounts the <root>/shm tmpfs (Bidirectional)",
     ("gpunode-toolkit", "cdi-generate", "/var/run/cdi"): "the CDI spec",
     ("gpunode-toolkit", "cdi-generate", "/host/usr/local/gpunode/bin"): "installs gpunode-cdi-hook",
     ("gpunode-toolkit", "runtime-configure", "/host/etc/containerd"): "enable_cdi in containerd's config",

@@ -62,14 +62,35 @@ def test_the_root_and_the_config_reach_both_daemonsets() -> None:
     )
     mps, plugin = got["gpunode-mps-control-daemon"], got["gpunode-device-plugin"]
     assert env(mps)["MPS_ROOT"] == env(plugin)["MPS_ROOT"] == "/var/run/mps"
-    assert env(mps)["CONFIG_FILE"] == "/available-configs/sharing.yaml"
+    # the ConfigMap as a directory, as the device plugin gets it: the node label chooses, else this file
+    assert env(mps)["CONFIG_FILE"] == "/available-configs"
+    assert env(mps)["DEFAULT_CONFIG"] == "sharing.yaml"
     plugin_mounts = {m["mountPath"]: m for m in plugin["containers"][0]["volumeMounts"]}
     assert plugin_mounts["/var/run/mps"]["readOnly"] is True  # reads .ready only
 
 
 def test_the_default_config_is_the_daemons() -> None:
     got = pods("    config: {name: existing, default: mps}")
-    assert env(got["gpunode-mps-control-daemon"])["CONFIG_FILE"] == "/available-configs/mps"
+    assert env(got["gpunode-mps-control-daemon"])["CONFIG_FILE"] == "/available-configs"
+    assert env(got["gpunode-mps-control-daemon"])["DEFAULT_CONFIG"] == "mps"
+
+
+def test_the_shm_tmpfs_is_mounted_by_an_init_container_alone() -> None:
+    """NVIDIA's mps-control-daemon-mounts: the agent's --mount-shm, privileged for the Bidirectional
+    volume (the tmpfs must reach the host); the daemon's container sees it (HostToContainer) and gets no
+    privilege for it."""
+    pod = pods("    mps: {root: /var/run/mps}")["gpunode-mps-control-daemon"]
+    init = {c["name"]: c for c in pod["initContainers"]}
+    assert list(init) == ["wait-for-toolkit", "mps-control-daemon-mounts"]
+    mounts = init["mps-control-daemon-mounts"]
+    assert mounts["command"] == ["gpunode-mps-control-daemon", "--mount-shm"]
+    assert {e["name"]: e.get("value") for e in mounts["env"]}["MPS_ROOT"] == "/var/run/mps"
+    assert mounts["securityContext"]["privileged"] is True
+    assert mounts["volumeMounts"] == [
+        {"name": "mps-root", "mountPath": "/var/run/mps", "mountPropagation": "Bidirectional"}
+    ]
+    main = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert main["/var/run/mps"]["mountPropagation"] == "HostToContainer"
 
 
 def test_no_device_plugin_no_mps_daemon() -> None:
