@@ -1071,7 +1071,9 @@ class _Renderer:
         # the device plugin's env where it names a setting of this agent (LOG_LEVEL, MIG_STRATEGY, ...)
         known = {e for flag in flags_of(registry.spec(agent.key).settings_type) for e in flag.envs}
         main = self._container(agent, agent.command, env, [e for e in dp.env if e.name in known])
-        main["securityContext"] = self._gpu_security(run_as_root=True, add=("SETUID", "SETGID"))
+        # SETUID/SETGID: MPS servers run as their clients' users; SYS_ADMIN: the GPUs' compute mode (a
+        # privileged NVML call) on the legacy path (with CDI the container is privileged anyway)
+        main["securityContext"] = self._gpu_security(run_as_root=True, add=("SETUID", "SETGID", "SYS_ADMIN"))
         main["volumeMounts"] = mounts
         shm_init: Obj = {  # NVIDIA's mps-control-daemon-mounts: the <root>/shm tmpfs, on the host
             "name": "mps-control-daemon-mounts",

@@ -38,7 +38,7 @@ EXPOSURE = {
     "gpunode-device-plugin.service": 1.6,
     "gpunode-feature-discovery.service": 1.6,
     "gpunode-exporter.service": 1.3,
-    "gpunode-mps-control-daemon.service": 2.2,
+    "gpunode-mps-control-daemon.service": 2.4,  # 2.2 before CAP_SYS_ADMIN (the GPUs' compute mode)
 }
 EXPECTED = {
     "gpunode-driver-loader.service",
@@ -101,7 +101,7 @@ HARDENING = {
         1024,
         "0022",
         "invisible",
-        frozenset({"CAP_SETUID", "CAP_SETGID"}),
+        frozenset({"CAP_SETUID", "CAP_SETGID", "CAP_SYS_ADMIN"}),  # SYS_ADMIN: the GPUs' compute mode
         30,
     ),
     "gpunode-mig-manager.service": Hardening(

@@ -170,6 +170,6 @@ def test_legacy_gpu_pods_keep_their_capabilities_and_use_the_runtime_class() -> 
         "add": ["SYS_ADMIN"],
     }
     mps = by_name["gpunode-mps-control-daemon"]["containers"][0]["securityContext"]
-    assert sorted(mps["capabilities"]["add"]) == ["SETGID", "SETUID"]
+    assert sorted(mps["capabilities"]["add"]) == ["SETGID", "SETUID", "SYS_ADMIN"]  # SYS_ADMIN: compute mode
     for name in ("gpunode-toolkit", "gpunode-driver-loader", "gpunode-mig-manager"):
         assert "runtimeClassName" not in by_name[name], name  # privileged; the toolkit makes the handler
