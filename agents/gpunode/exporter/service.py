@@ -85,22 +85,25 @@ class Exporter:
         return self.sampler.latest if self.sampler is not None else EMPTY
 
     def render(self, accept: str) -> tuple[bytes, str]:
-        """A scrape: the GPU series rendered once per snapshot and format (right after the sample for
-        the formats scraped before, see :meth:`_sampled`), then the self-metrics, rendered again at most
-        once every SELF_METRICS_MAX_AGE seconds or with a new snapshot. Scrapes cost no NVML call and,
-        between samples, no rendering of the GPU series."""
+        """A scrape: the GPU series rendered once per snapshot and format, then the self-metrics, rendered
+        again at most once every SELF_METRICS_MAX_AGE seconds or with a new snapshot. For the formats
+        scraped before, the whole answer is made right after each sample (see :meth:`_sampled`). Scrapes
+        cost no NVML call and, between samples, no rendering of the GPU series."""
         encoder, content_type = choose_encoder(accept)
+        return self._answer(encoder, content_type), content_type
+
+    def _answer(self, encoder: Callable[[Collector], bytes], content_type: str) -> bytes:
         taken = self.latest().taken_at
         now = time.monotonic()
         cached = self._cache.get(content_type)  # only the event loop renders (see _metrics): no lock
         if cached is not None and cached[0] == taken and now - cached[1] < SELF_METRICS_MAX_AGE:
-            return cached[2], content_type
+            return cached[2]
         gpu = self._gpu_cache.get(content_type)
         if gpu is None or gpu[0] != taken:
             gpu = self._render_gpu(encoder, content_type, taken)
         cached = (taken, now, gpu[1] + encoder(self.metrics.registry))
         self._cache[content_type] = cached
-        return cached[2], content_type
+        return cached[2]
 
     def _render_gpu(
         self, encoder: Callable[[Collector], bytes], content_type: str, taken: float
@@ -130,15 +133,16 @@ class Exporter:
 
     def _sampled(self, snap: Snapshot) -> None:
         self.duration.set(snap.duration_s)
-        for content_type, encoder in self._encoders.items():  # off the scrapes' path: rendered now
-            try:
-                self._render_gpu(encoder, content_type, snap.taken_at)
-            except Exception:  # the next scrape renders it again, and answers and logs the failure
-                self._gpu_cache.pop(content_type, None)
         self.metrics.mark_success("sampling")
         if not self.ready.is_set():
             self.ready.set()
             sdnotify.notify(ready=True, status=f"exporting {len(snap.gpus)} GPUs")
+        for content_type, encoder in self._encoders.items():  # off the scrapes' path: answered now
+            try:
+                self._answer(encoder, content_type)
+            except Exception:  # the next scrape renders it again, and answers and logs the failure
+                self._gpu_cache.pop(content_type, None)
+                self._cache.pop(content_type, None)
 
     async def run(self) -> int:
         missing = unavailable(self.opts.counters)

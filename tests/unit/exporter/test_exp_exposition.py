@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
+from gpunode.exporter import service
 from gpunode.exporter.catalog import CATALOG
 from gpunode.exporter.collector import ExporterCollector, Options, type_counters
 from gpunode.exporter.counters import parse_counters
@@ -212,7 +213,10 @@ def test_fast_formats_are_the_default_ones(accept: str, fmt: str | None) -> None
         "text/plain; version=1.0.0; escaping=values",
     ],
 )
-def test_a_scrape_answers_the_gpu_series_as_prometheus_client_then_the_self_metrics(accept: str) -> None:
+def test_a_scrape_answers_the_gpu_series_as_prometheus_client_then_the_self_metrics(
+    accept: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "SELF_METRICS_MAX_AGE", 3600.0)  # however slow the machine, no expiry here
     every, snap = asyncio.run(_every_field_snapshot())
     exporter = Exporter(ExporterOptions("127.0.0.1", 0, 1.0, (), None), _no_nvml)
     exporter.collector = collector = ExporterCollector(
@@ -228,12 +232,15 @@ def test_a_scrape_answers_the_gpu_series_as_prometheus_client_then_the_self_metr
     assert b"exporter_" in body[len(gpu) :].replace(b"__", b"_")  # the self-metrics follow
     assert body.endswith(b"# EOF\n") == ("openmetrics" in content_type)
     assert body.count(b"# EOF\n") <= 1
-    # a new snapshot is rendered when it is sampled; the next scrape answers it
+    # a new snapshot is answered when it is sampled; the next scrape finds the answer made
     later = replace(snap, taken_at=snap.taken_at + 1, xids={3: 79})
     exporter.sampler = cast(Sampler, SimpleNamespace(latest=later))
     exporter._sampled(later)
     assert exporter._gpu_cache[content_type][0] == later.taken_at
+    ready = exporter._cache[content_type]
+    assert ready[0] == later.taken_at
     body = exporter.render(accept)[0]
+    assert body is ready[2]  # answered as made right after the sample
     assert b'err_code="79"' in body.replace(b"__", b"_")
     assert body.startswith(_slow(exporter.gpu_registry, accept, collector.counter_names))
     assert encoder is not None
