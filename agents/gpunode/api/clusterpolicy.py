@@ -99,6 +99,45 @@ class DriverManager(ConfigModel):
     env: tuple[EnvVar, ...] = ()
 
 
+class UpgradeWaitForCompletion(ConfigModel):
+    """``driver.upgradePolicy.waitForCompletion``: pods (a label selector) to wait for before evicting,
+    up to ``timeoutSeconds`` (0: forever)."""
+
+    pod_selector: str = ""
+    timeout_seconds: int = 0
+
+
+class UpgradePodDeletion(ConfigModel):
+    """``driver.upgradePolicy.podDeletion`` (Helm ``gpuPodDeletion``): evicting the pods that use GPUs."""
+
+    force: bool = False
+    timeout_seconds: int = 300
+    delete_empty_dir: bool = False
+
+
+class UpgradeDrain(ConfigModel):
+    """``driver.upgradePolicy.drain``: draining the node when the GPU pods would not leave."""
+
+    enable: bool = False
+    force: bool = False
+    pod_selector: str = ""
+    timeout_seconds: int = 300
+    delete_empty_dir: bool = False
+
+
+class UpgradePolicy(ConfigModel):
+    """``driver.upgradePolicy``: the cluster-wide rolling driver upgrade (gpunode-operator's upgrade
+    controller, docs/upgrades.md). The limits are checked by the operator, which names a bad field in the
+    ClusterPolicy's ``Error`` condition: ``maxUnavailable`` a count >= 0 or a percentage <= 100%."""
+
+    auto_upgrade: bool = False
+    max_parallel_upgrades: int = 1
+    max_unavailable: int | str = "25%"
+    wait_for_completion: UpgradeWaitForCompletion = UpgradeWaitForCompletion()
+    pod_deletion: UpgradePodDeletion = UpgradePodDeletion()
+    drain: UpgradeDrain = UpgradeDrain()
+
+
 class Driver(ConfigModel):
     enabled: bool = True
     version: str | None = None
@@ -106,6 +145,7 @@ class Driver(ConfigModel):
     rdma: Rdma = Rdma()
     manager: DriverManager = DriverManager()
     env: tuple[EnvVar, ...] = ()
+    upgrade_policy: UpgradePolicy = UpgradePolicy()
 
 
 class Toolkit(ConfigModel):

@@ -342,6 +342,9 @@ def _condition() -> Schema:
     )
 
 
+# status.driverUpgrade.nodes: nodes per state of nvidia.com/gpu-driver-upgrade-state (camelCase keys)
+_UPGRADE_STATE_COUNTS = ("pending", "upgrading", "done", "failed", "held")
+
 # ``status``: NVIDIA's (state, namespace, conditions) plus, per state, where and why it is not ready.
 STATUS: Schema = _obj(
     state=_str(enum=["ignored", "ready", "notReady"]),
@@ -358,6 +361,16 @@ STATUS: Schema = _obj(
             nodes=_list(_str()),
             message=_str(),
         )
+    ),
+    # the upgrade controller's (gpunode-operator, docs/upgrades.md): which nodes wait, hold a slot, failed
+    driverUpgrade=_obj(
+        autoUpgrade=_bool(),
+        message=_str(),
+        nodes=_obj(**{s: _int("int32", minimum=0) for s in _UPGRADE_STATE_COUNTS}),
+        upgrading=_list(_str()),
+        waiting=_list(_str()),
+        waitingReason=_str(),
+        failed=_list(_obj("node", node=_str(), reason=_str())),
     ),
 )
 
@@ -393,8 +406,6 @@ REASONS: Mapping[str, str] = {
     "spec.driver.usePrecompiled": "use spec.driver.kernelModuleType: precompiled",
     "spec.driver.useOpenKernelModules": "deprecated by NVIDIA; use spec.driver.kernelModuleType: open",
     "spec.driver.rdma.useHostMofed": "gpunode loads nvidia-peermem against the host's RDMA stack as found",
-    "spec.driver.upgradePolicy": "driver upgrades are node by node through the driver manager (OnDelete); "
-    "NVIDIA's upgrade controller settings do not apply",
     "spec.driver.repoConfig": _BUILD,
     "spec.driver.certConfig": _BUILD,
     "spec.driver.kernelModuleConfig": "module parameters go through spec.driver.env",

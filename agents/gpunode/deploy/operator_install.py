@@ -141,6 +141,11 @@ def operator_rules(namespace: str) -> tuple[list[Obj], list[Obj]]:
         # controller ownerReferences with blockOwnerDeletion
         {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies/finalizers"], "verbs": ["update"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+        # the driver upgrade controller: the pods on a node it upgrades (GPU pods evicted, the node
+        # drained through the Eviction API, the stale driver and validator pods deleted), an Event per step
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
         {
             "apiGroups": [""],
             "resources": ["namespaces"],

@@ -118,6 +118,7 @@ class PodInfo:
     owners: tuple[OwnerRef, ...] = ()
     requests: frozenset[str] = frozenset()  # extended resources any container requests or limits
     empty_dirs: tuple[str, ...] = ()  # names of its emptyDir volumes (data lost when it is evicted)
+    ready: bool = False  # condition Ready is "True"
 
     @property
     def key(self) -> str:

@@ -498,8 +498,10 @@ class Kube:
         labels: Mapping[str, str | None] | None = None,
         annotations: Mapping[str, str | None] | None = None,
         resource_version: str | None = None,
+        unschedulable: bool | None = None,
     ) -> NodeSummary:
-        """Merge-patch any node's labels and annotations in one request (a None value removes the key).
+        """Merge-patch any node's labels and annotations in one request (a None value removes the key);
+        with ``unschedulable`` it cordons (True) or uncordons (False) the node in the same request.
 
         With ``resource_version`` the patch applies only to that version of the node (optimistic
         locking): if anyone changed the node since, :class:`KubeConflict` is raised and nothing changes.
@@ -510,11 +512,13 @@ class Kube:
             meta["labels"] = dict(labels)
         if annotations:
             meta["annotations"] = dict(annotations)
-        if not meta:
+        if not meta and unschedulable is None:
             return await self.read_node(name)
         if resource_version is not None:
             meta["resourceVersion"] = resource_version
-        body = {"metadata": meta}
+        body: dict[str, Any] = {"metadata": meta}
+        if unschedulable is not None:
+            body["spec"] = {"unschedulable": True if unschedulable else None}
         node = await self._call(
             "patch",
             "nodes",
@@ -654,6 +658,18 @@ class Kube:
         if requesting is not None:
             found = [p for p in found if any(r.startswith(requesting) for r in p.requests)]
         return found
+
+    async def list_node_pods(self, node: str, *, namespace: str | None = None) -> list[PodInfo]:
+        """Pods bound to any node (cluster-wide callers: the operator's upgrade controller drains nodes),
+        in one namespace or all (None)."""
+
+        async def fetch() -> list[Any]:
+            pods = self._client.list(
+                Pod, namespace=namespace if namespace is not None else "*", fields={"spec.nodeName": node}
+            )
+            return [p async for p in pods]
+
+        return [_pod_info(p) for p in await self._call("list", "pods", fetch, namespace=namespace or "")]
 
     async def get_pod(self, namespace: str, name: str) -> PodInfo:
         pod = await self._call(
@@ -1212,6 +1228,10 @@ def _pod_info(pod: Any) -> PodInfo:
         owners=owners,
         requests=frozenset(requests),
         empty_dirs=tuple(v.name for v in ((spec.volumes if spec else None) or []) if v.emptyDir is not None),
+        ready=any(
+            c.type == "Ready" and c.status == "True"
+            for c in ((pod.status.conditions if pod.status else None) or [])
+        ),
     )
 
 

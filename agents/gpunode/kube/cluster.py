@@ -61,6 +61,7 @@ DAEMON_SET = ResourceKind("apps", "v1", "DaemonSet", "daemonsets", True)
 CONTROLLER_REVISION = ResourceKind("apps", "v1", "ControllerRevision", "controllerrevisions", True)
 POD = ResourceKind("", "v1", "Pod", "pods", True)
 LEASE = ResourceKind("coordination.k8s.io", "v1", "Lease", "leases", True)
+EVENT = ResourceKind("", "v1", "Event", "events", True)
 
 _KINDS: tuple[ResourceKind, ...] = (
     CLUSTER_POLICY,
@@ -68,6 +69,7 @@ _KINDS: tuple[ResourceKind, ...] = (
     CONTROLLER_REVISION,
     POD,
     LEASE,
+    EVENT,
     ResourceKind("", "v1", "Namespace", "namespaces", False),
     ResourceKind("", "v1", "ServiceAccount", "serviceaccounts", True),
     ResourceKind("", "v1", "ConfigMap", "configmaps", True),

@@ -30,6 +30,7 @@ from gpunode.operator.leader import LeaderElector
 from gpunode.operator.metrics import CountingKube, create_operator_metrics
 from gpunode.operator.queue import WorkQueue
 from gpunode.operator.settings import DEFAULT_NAMESPACE, OperatorSettings
+from gpunode.operator.upgrade import UpgradeController, check_policy, run_upgrades
 
 if TYPE_CHECKING:
     from gpunode.kube.client import Kube
@@ -117,7 +118,10 @@ async def run_operator(
             may_write=may_write,
             nodes=lambda: [n.labels for n in labeller.nodes.values()] if labeller.synced.is_set() else None,
             cache=ObjectCache(client, namespace=namespace),
+            parse=check_policy,  # a bad driver.upgradePolicy is the policy's Error condition
         )
+        # the rolling driver upgrade: its own loop, under the same lease
+        upgrades = UpgradeController(client, namespace=namespace, may_write=may_write)
 
         metrics.attach(labeller, controller)
 
@@ -136,6 +140,7 @@ async def run_operator(
                     ),
                     name="clusterpolicy",
                 )
+                group.create_task(run_upgrades(upgrades), name="driver-upgrade")
         finally:
             status.leading = False
             metrics.attach(None, None)

@@ -81,6 +81,7 @@ Renderer = Callable[[Any, str], Mapping[str, Sequence[Obj]]]
 
 NOT_READY_REQUEUE_S = 5.0
 NFD_REQUEUE_S = 45.0
+FOREIGN_STATUS_KEYS = frozenset({"driverUpgrade"})  # status keys written by another controller
 KEY = "cluster-policy"  # the one work key: every event funnels into one cluster-wide reconcile
 # Kinds that outlive the policy: the namespace holds the operator itself, CRDs hold users' objects.
 NOT_OWNED_KINDS = frozenset({"Namespace", "CustomResourceDefinition"})
@@ -465,7 +466,8 @@ class ClusterPolicyController:
     async def _write_status(
         self, obj: Mapping[str, Any], status: Mapping[str, Any], result: ReconcileResult
     ) -> None:
-        previous = obj.get("status") or {}
+        # keys other controllers own (the upgrade controller's driverUpgrade) are neither compared nor removed
+        previous = {k: v for k, v in (obj.get("status") or {}).items() if k not in FOREIGN_STATUS_KEYS}
         if previous == status:
             return
         self._check_leader()

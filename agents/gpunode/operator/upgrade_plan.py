@@ -176,9 +176,23 @@ def need(node: NodeView) -> tuple[Need, str]:
     return "upgrade", f"driver pod revision {node.pod_revision} -> {node.newest_revision}, driver changes"
 
 
+def admin_cordoned(node: NodeView) -> bool:
+    """Cordoned, and not by us: an administrator's, which the upgrade neither counts nor lifts."""
+    return node.unschedulable and not node.cordoned_by_us
+
+
+def unavailable(node: NodeView) -> bool:
+    """Whether a node counts against ``maxUnavailable``: NotReady, cordoned by us, or upgrading (a node
+    admitted a moment ago is not cordoned yet, but will be: its slot is taken from the start). A node an
+    administrator cordoned is not the upgrade's doing and costs nothing (it is not cordoned again)."""
+    return not node.ready or (
+        not admin_cordoned(node) and (node.unschedulable or node.state in ACTIVE_STATES)
+    )
+
+
 def unavailable_now(nodes: Iterable[NodeView]) -> int:
-    """Nodes that count against ``maxUnavailable``: cordoned (by anyone) or NotReady."""
-    return sum(1 for n in nodes if n.unschedulable or not n.ready)
+    """Nodes that count against ``maxUnavailable`` (:func:`unavailable`)."""
+    return sum(1 for n in nodes if unavailable(n))
 
 
 @dataclass(frozen=True)
@@ -193,8 +207,9 @@ class Admission:
 def admit(nodes: Iterable[NodeView], limits: Limits) -> Admission:
     """Which ``upgrade-required`` nodes may move on now without breaking either limit, in name order.
 
-    A node already unavailable (cordoned by an administrator, or NotReady) costs no unavailability slot
-    when it starts: it is unavailable either way. Every other start costs one of each."""
+    A node cordoned by an administrator, or NotReady, costs no unavailability slot when it starts: we
+    do not cordon it (it is unavailable either way, or not by our doing). Every other start costs one of
+    each."""
     listed = sorted(nodes, key=lambda n: n.name)
     active = [n.name for n in listed if n.state in ACTIVE_STATES]
     in_flight = len(active)
@@ -210,7 +225,7 @@ def admit(nodes: Iterable[NodeView], limits: Limits) -> Admission:
                 f"maxParallelUpgrades {limits.max_parallel}"
             )
             continue
-        already_down = node.unschedulable or not node.ready
+        already_down = admin_cordoned(node) or not node.ready
         if not already_down and unavailable >= limits.max_unavailable:
             waiting[node.name] = (
                 f"waiting for a slot: {unavailable} nodes unavailable, "
@@ -251,7 +266,9 @@ class Observed:
     ``in_state_s``: seconds since the node entered its state (from the reason annotation's time);
     ``jobs_left``: pods matching ``waitForCompletion.podSelector`` still running; ``gpu_pods_left`` and
     ``drain_left``: pods still to leave (with the ones that refuse, and why, in ``blocked``);
-    ``driver_ready`` / ``driver_restarts``: the driver pod on the newest revision; ``validator_ready``."""
+    ``driver_ready`` / ``driver_restarts``: the driver pod on the newest revision; ``validator_ready``;
+    ``refused``: pods the drain rules refuse to evict at all (no controller without ``force``, emptyDir
+    data without ``deleteEmptyDir``), each with why: waiting for them would only run out the clock."""
 
     in_state_s: float = 0.0
     jobs_left: int = 0
@@ -261,6 +278,7 @@ class Observed:
     driver_ready: bool = False
     driver_restarts: int = 0
     validator_ready: bool = False
+    refused: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -310,6 +328,11 @@ def step(node: NodeView, seen: Observed, steps: Steps) -> Step:
             )
         return Step(state, f"waiting for {seen.jobs_left} jobs ({steps.wait_for_jobs_selector})")
     if state == "pod-deletion-required":
+        if seen.refused:
+            pods = "; ".join(seen.refused)
+            if steps.drain_enable:
+                return Step("drain-required", f"GPU pods may not be evicted ({pods}); draining instead")
+            return _failed("pod-deletion-required", f"GPU pods may not be evicted: {pods}")
         if seen.gpu_pods_left == 0:
             if steps.drain_enable:
                 return Step("drain-required", "GPU pods gone; draining")
@@ -321,6 +344,8 @@ def step(node: NodeView, seen: Observed, steps: Steps) -> Step:
             return _failed("pod-deletion-required", f"GPU pods would not leave: {pods}")
         return Step(state, f"{seen.gpu_pods_left} GPU pods to evict", "evict-gpu-pods")
     if state == "drain-required":
+        if seen.refused:
+            return _failed("drain-required", f"pods may not be evicted: {'; '.join(seen.refused)}")
         if seen.drain_left == 0:
             return Step("pod-restart-required", "drained")
         if steps.drain_timeout and seen.in_state_s >= steps.drain_timeout:

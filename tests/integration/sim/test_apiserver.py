@@ -152,6 +152,7 @@ def test_discovery(api: FakeApiServer, path: str, kind: str | None) -> None:
             "serviceaccounts",
             "configmaps",
             "services",
+            "events",
         }
     if path == "/apis":
         assert {g["name"] for g in body["groups"]} >= {"nfd.k8s-sigs.io", "policy"}
@@ -654,6 +655,68 @@ def test_eviction_deletes_the_pod(api: FakeApiServer) -> None:
     assert (status, body["message"]) == (404, 'pods "p" not found')
     status, body, _ = call(api, "POST", "/api/v1/namespaces/ns/pods/q/eviction", eviction)
     assert (status, body["reason"]) == (400, "BadRequest")
+
+
+@pytest.mark.parametrize(
+    ("budget", "evictable"),
+    [
+        ({"minAvailable": 2}, 0),  # two healthy, two required
+        ({"minAvailable": 1}, 1),
+        ({"maxUnavailable": 0}, 0),
+        ({"maxUnavailable": 1}, 1),
+        ({"minAvailable": "50%"}, 1),
+    ],
+)
+def test_eviction_honours_pod_disruption_budgets(
+    api: FakeApiServer, budget: dict[str, Any], evictable: int
+) -> None:
+    api.add_node("n1")
+    for name in ("a", "b"):
+        api.add_pod("ns", name, node="n1", labels={"app": "guarded"})
+    api.add_pod("ns", "other", node="n1", labels={"app": "free"})
+    api.create(
+        "PodDisruptionBudget",
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "pdb", "namespace": "ns"},
+            "spec": {**budget, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+    evicted = 0
+    for name in ("a", "b"):
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": "ns"},
+        }
+        status, body, _ = call(api, "POST", f"/api/v1/namespaces/ns/pods/{name}/eviction", eviction)
+        if status == 201:
+            evicted += 1
+        else:
+            assert (status, body["reason"]) == (429, "TooManyRequests")
+            assert "disruption budget" in body["message"]
+    assert evicted == evictable
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "other", "namespace": "ns"},
+    }
+    assert call(api, "POST", "/api/v1/namespaces/ns/pods/other/eviction", eviction)[0] == 201
+
+
+def test_observers_see_every_write_and_daemon_pods_start_with_the_hooks_status(api: FakeApiServer) -> None:
+    seen: list[tuple[str, str]] = []
+    api.observers.append(lambda e: seen.append((e.type, e.resource)))
+    api.daemon_pod_status = lambda pod: {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "False"}],
+    }
+    api.add_node("n1", {"gpu": "true"})
+    api.add_daemonset("ns", "ds", {"gpu": "true"}, {"app": "ds"})
+    assert ("ADDED", "nodes") in seen
+    assert ("ADDED", "pods") in seen
+    assert api.pods("n1")[0]["status"]["conditions"] == [{"type": "Ready", "status": "False"}]
 
 
 def test_pod_deletion_delay(api: FakeApiServer, watches: list[Watch]) -> None:

@@ -49,3 +49,19 @@ def test_every_kind_the_controller_caches_may_be_listed_and_watched(verb: str) -
 def test_a_runtime_class_of_any_name_may_be_written_and_deleted(verb: str) -> None:
     cluster, _ = operator_rules(NS)
     assert grants(cluster, "node.k8s.io", "runtimeclasses", verb, any_name=True)
+
+
+@pytest.mark.parametrize(
+    ("resource", "verb"),
+    [
+        ("pods", "list"),
+        ("pods", "watch"),
+        ("pods", "delete"),
+        ("pods/eviction", "create"),
+        ("events", "create"),
+        ("nodes", "patch"),
+    ],
+)
+def test_the_upgrade_controller_may_drain_any_node(resource: str, verb: str) -> None:
+    cluster, _ = operator_rules(NS)
+    assert grants(cluster, "", resource, verb, any_name=True)

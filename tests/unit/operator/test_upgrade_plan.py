@@ -113,9 +113,19 @@ def test_an_admin_cordoned_node_starts_without_an_unavailability_slot() -> None:
         ("b", "upgrade-required", False, True),
     )
     got = admit(nodes, Limits(max_parallel=0, max_unavailable=1))
-    # a is unavailable already (1 of 1): it may start; b would make it 2.
-    assert got.start == ("a",)
-    assert "b" in got.waiting
+    # a's cordon is not the upgrade's: a costs nothing, b takes the one slot
+    assert got.start == ("a", "b")
+    # with our own cordon on d taking the slot, b waits (a still goes)
+    ours = NodeView(name="d", state="pod-restart-required", unschedulable=True, cordoned_by_us=True)
+    assert admit([*nodes, ours], Limits(max_parallel=0, max_unavailable=1)).start == ("a",)
+
+
+def test_a_node_admitted_but_not_cordoned_yet_holds_its_unavailability_slot() -> None:
+    # a was admitted in the previous pass and is not cordoned yet: b must not take the only slot too
+    nodes = _nodes(("a", "cordon-required", False, True), ("b", "upgrade-required", False, True))
+    got = admit(nodes, Limits(max_parallel=0, max_unavailable=1))
+    assert got.start == ()
+    assert "1 nodes unavailable" in got.waiting["b"]
 
 
 def test_zero_max_parallel_is_unlimited() -> None:
@@ -134,13 +144,17 @@ def test_admission_never_breaks_a_limit_that_held_before(
     states: list[str], down: list[bool], max_parallel: int, max_unavail: int
 ) -> None:
     nodes = [
-        NodeView(name=f"n{i:02}", state=s, unschedulable=down[i] or s in ACTIVE_STATES)  # type: ignore[arg-type]
+        NodeView(name=f"n{i:02}", state=s, unschedulable=down[i])  # type: ignore[arg-type]
         for i, s in enumerate(states)
     ]
     limits = Limits(max_parallel, max_unavail)
     got = admit(nodes, limits)
     after = [
-        dataclasses.replace(n, state="cordon-required", unschedulable=True) if n.name in got.start else n
+        dataclasses.replace(
+            n, state="cordon-required", unschedulable=True, cordoned_by_us=not n.unschedulable
+        )
+        if n.name in got.start
+        else n
         for n in nodes
     ]
     active_before = sum(n.state in ACTIVE_STATES for n in nodes)
@@ -216,6 +230,20 @@ STEPS = Steps(wait_for_jobs_selector="app=train", wait_for_jobs_timeout=60, drai
             "upgrade-failed",
             None,
             "drain-required: pods would not leave within drain.timeoutSeconds 300: ns/p (PodDisruptionBudget",
+        ),
+        (
+            dataclasses.replace(STALE, state="pod-deletion-required"),
+            Observed(gpu_pods_left=1, refused=("ml/solo (not managed by a controller)",)),
+            "drain-required",
+            None,
+            "may not be evicted (ml/solo",
+        ),
+        (
+            dataclasses.replace(STALE, state="drain-required"),
+            Observed(drain_left=1, refused=("ml/solo (emptyDir)",)),
+            "upgrade-failed",
+            None,
+            "drain-required: pods may not be evicted: ml/solo (emptyDir)",
         ),
         (
             dataclasses.replace(STALE, state="pod-restart-required"),

@@ -4,10 +4,11 @@ Tests, the demo and benchmarks start one (`with FakeApiServer() as api:`), write
 it (`api.write_kubeconfig(path)`) and run real clients against it: the agents as separate processes,
 lightkube's AsyncClient, plain urllib, an operator under rehearsal.
 
-Resources: Nodes, Pods (eviction subresource), Namespaces, ServiceAccounts, ConfigMaps, Services
-(core/v1); DaemonSets, Deployments, ControllerRevisions (apps/v1); ClusterRoles, ClusterRoleBindings, Roles,
-RoleBindings (rbac.authorization.k8s.io/v1); RuntimeClasses (node.k8s.io/v1); Leases
-(coordination.k8s.io/v1); ValidatingAdmissionPolicies and their bindings (admissionregistration.k8s.io/v1,
+Resources: Nodes, Pods (eviction subresource), Namespaces, ServiceAccounts, ConfigMaps, Services, Events
+(core/v1); PodDisruptionBudgets (policy/v1: evictions that would break one get 429); DaemonSets,
+Deployments, ControllerRevisions (apps/v1); ClusterRoles, ClusterRoleBindings, Roles, RoleBindings
+(rbac.authorization.k8s.io/v1); RuntimeClasses (node.k8s.io/v1); Leases (coordination.k8s.io/v1);
+ValidatingAdmissionPolicies and their bindings (admissionregistration.k8s.io/v1,
 stored, never enforced); NFD NodeFeatures (nfd.k8s-sigs.io/v1alpha1); CustomResourceDefinitions
 (apiextensions.k8s.io/v1) and, once one exists, its custom resources in every served version, cluster-
 scoped or namespaced. Discovery (`/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>`,
@@ -50,6 +51,9 @@ What it does the way the real apiserver does:
   Running (no kubelet needed; `daemon_pod_phase = "Pending"` leaves them unready until patched); an
   optional pod deletion delay (`pod_deletion_delay`) keeps a deleted pod terminating
   (metadata.deletionTimestamp set) for a while. Deployments get a status with every replica available.
+- Hooks: `daemon_pod_status` gives new daemon pods their starting status (a crash-looping driver, a
+  validator that is Ready); `observers` are called with every recorded write, in order, under the lock
+  (a checker that must see every state the cluster passes through).
 - Fault injection: failing or stalling the next requests, 403 for chosen verbs, dropping or stalling
   watch streams, forgetting history. Counters: `requests` (every request), `request_counts`
   ((verb, resource) -> served), `apply_conflicts`, `gc_deletions`, `watches_opened`.

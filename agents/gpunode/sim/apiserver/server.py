@@ -165,6 +165,10 @@ ROLES = _builtin("roles", "Role", RBAC_GROUP, "v1", True)
 ROLE_BINDINGS = _builtin("rolebindings", "RoleBinding", RBAC_GROUP, "v1", True)
 RUNTIME_CLASSES = _builtin("runtimeclasses", "RuntimeClass", "node.k8s.io", "v1", False)
 LEASES = _builtin("leases", "Lease", "coordination.k8s.io", "v1", True)
+EVENTS = _builtin("events", "Event", "", "v1", True, short=("ev",))
+POD_DISRUPTION_BUDGETS = _builtin(
+    "poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, short=("pdb",), status=True
+)
 ADMISSION_GROUP = "admissionregistration.k8s.io"
 ADMISSION_POLICIES = _builtin(
     "validatingadmissionpolicies", "ValidatingAdmissionPolicy", ADMISSION_GROUP, "v1", False, status=True
@@ -198,6 +202,8 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
     ROLE_BINDINGS,
     RUNTIME_CLASSES,
     LEASES,
+    EVENTS,
+    POD_DISRUPTION_BUDGETS,
     ADMISSION_POLICIES,
     ADMISSION_POLICY_BINDINGS,
     CRDS,
@@ -552,6 +558,17 @@ def _max_unavailable(value: Any, desired: int) -> int:
     return max(1, int(value)) if isinstance(value, int) else 1
 
 
+def _budget(value: Any, total: int) -> int:
+    """A PodDisruptionBudget's minAvailable / maxUnavailable as a count (a percentage of ``total``
+    rounded up, as the disruption controller does)."""
+    if isinstance(value, str) and value.endswith("%"):
+        try:
+            return math.ceil(total * int(value[:-1]) / 100)
+        except ValueError:
+            return 0
+    return int(value) if isinstance(value, int) else 0
+
+
 _CONTINUE_EXPIRED = (
     "The provided continue parameter is too old to display a consistent list result. You can start a new "
     "list without the continue parameter."
@@ -622,6 +639,13 @@ class FakeApiServer:
         # The phase daemon pods start in: "Pending" leaves them unready until a test (or the kubelet
         # emulator) patches their status, to rehearse a rollout that waits for readiness.
         self.daemon_pod_phase = "Running"
+        # Called (under the server's lock) with each new daemon pod, before it is stored: the status it
+        # starts with instead (a crash-looping driver, a validator not Ready yet), or None for the default.
+        self.daemon_pod_status: Callable[[JsonObj], JsonObj | None] | None = None
+        # Called (under the server's lock, in order) with every recorded write: checkers that must see
+        # every state the cluster passes through (the upgrade limits), not only what a watch delivers.
+        self.observers: list[Callable[[WatchEvent], None]] = []
+        self._pdb_expected: dict[tuple[str, str], int] = {}  # PodDisruptionBudget -> pods it expects
         self.bookmark_interval: float | None = None  # seconds between BOOKMARKs where a watch allows them
         self.max_watch_timeout = 1800.0  # watches without timeoutSeconds end after this long
         self.forbidden_user = DEFAULT_USER  # the user named in 403 messages
@@ -1066,6 +1090,8 @@ class FakeApiServer:
         for w in self._watches:
             if w.rt.key == rt.key:
                 w.pending.append(event)
+        for observe in self.observers:
+            observe(event)
         self._changed()
 
     def _changed(self) -> None:
@@ -1960,6 +1986,10 @@ class FakeApiServer:
             "spec": spec,
             "status": {"phase": self.daemon_pod_phase},
         }
+        if self.daemon_pod_status is not None:
+            status = self.daemon_pod_status(copy.deepcopy(pod))
+            if status is not None:
+                pod["status"] = copy.deepcopy(status)
         created = self._create(PODS, namespace, pod, manager=CONTROLLER_MANAGER)
         self._pod_hashes[str(created["metadata"]["uid"])] = current
 
@@ -2244,15 +2274,62 @@ class FakeApiServer:
         if not isinstance(options, dict):
             raise _bad_request("deleteOptions must be a JSON object")
         grace = options.get("gracePeriodSeconds")
-        self._delete(
-            PODS,
-            t.namespace,
-            t.name,
-            grace=float(grace) if isinstance(grace, int | float) else None,
-            preconditions=options.get("preconditions"),
-        )
+        with self._lock:
+            self._check_disruption_budgets(t.namespace or "", t.name)
+            self._delete(
+                PODS,
+                t.namespace,
+                t.name,
+                grace=float(grace) if isinstance(grace, int | float) else None,
+                preconditions=options.get("preconditions"),
+            )
         success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
         return _Reply(201, success)
+
+    def _check_disruption_budgets(self, namespace: str, name: str) -> None:
+        """429 when evicting the pod would break a PodDisruptionBudget of its namespace whose selector
+        (matchLabels) selects it: the budget's healthy pods (Ready, not terminating) minus one must stay
+        at or above minAvailable, or its unhealthy ones plus one at or below maxUnavailable (integers;
+        a percentage of the pods it expects, rounded up: as many as it ever selected, so an evicted pod
+        counts as disrupted until its replacement is there)."""
+        pod = self._get(PODS, namespace, name)
+        if "deletionTimestamp" in pod["metadata"]:
+            return
+        labels = pod["metadata"].get("labels") or {}
+        for (pdb_namespace, pdb_name), pdb in sorted(self._bucket(POD_DISRUPTION_BUDGETS).items()):
+            spec = pdb.get("spec") or {}
+            match = ((spec.get("selector") or {}).get("matchLabels")) or {}
+            if pdb_namespace != namespace or not match or any(labels.get(k) != v for k, v in match.items()):
+                continue
+            selected = [
+                p
+                for (ns, _), p in self._bucket(PODS).items()
+                if ns == namespace
+                and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in match.items())
+            ]
+            # the pods it expects: as many as it ever selected (an evicted pod's replacement is due)
+            expected = max(len(selected), self._pdb_expected.get((pdb_namespace, pdb_name), 0))
+            self._pdb_expected[(pdb_namespace, pdb_name)] = expected
+            healthy = sum(1 for p in selected if pod_ready(p))
+            if "minAvailable" in spec:
+                allowed = healthy - _budget(spec["minAvailable"], expected)
+            else:
+                allowed = _budget(spec.get("maxUnavailable", 0), expected) - (expected - healthy)
+            if allowed < 1:
+                raise ApiError(
+                    429,
+                    "TooManyRequests",
+                    "Cannot evict pod as it would violate the pod's disruption budget.",
+                    {
+                        "causes": [
+                            {
+                                "reason": "DisruptionBudget",
+                                "message": f"The disruption budget {pdb_name} needs "
+                                f"{healthy - allowed} healthy pods and has {healthy} currently",
+                            }
+                        ]
+                    },
+                )
 
     def _open_watch(
         self,
