@@ -165,14 +165,20 @@ def _command(name: str) -> list[str]:
     return [str(local)] if local.exists() else [name]
 
 
+async def _spawn(argv: Sequence[str], **kwargs: Any) -> Any:
+    """Start ``argv``; a cancellation that lands while the process is being created waits for it and
+    kills it, so the check's deadline never leaves an agent behind."""
+    spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(*_command(argv[0]), *argv[1:], **kwargs))
+    try:
+        return await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await _kill(await spawn)
+        raise
+
+
 async def _run(argv: Sequence[str], timeout: float = STEP_TIMEOUT) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *_command(argv[0]),
-        *argv[1:],
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=_env(),
-    )
+    proc = await _spawn(argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env())
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
@@ -187,9 +193,7 @@ async def _run(argv: Sequence[str], timeout: float = STEP_TIMEOUT) -> tuple[int,
 async def _long_running(argv: Sequence[str], event: str, log: Path) -> tuple[dict[str, Any] | None, Any]:
     """Start an agent, wait for its JSON log ``event``; returns (the event or None, the process)."""
     handle = log.open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        *_command(argv[0]), *argv[1:], stdout=handle, stderr=handle, env=_env()
-    )
+    proc = await _spawn(argv, stdout=handle, stderr=handle, env=_env())
     deadline = time.monotonic() + STEP_TIMEOUT
     try:
         while time.monotonic() < deadline and proc.returncode is None:
