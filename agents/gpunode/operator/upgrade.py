@@ -319,6 +319,7 @@ class UpgradeController:
         self.policy_name: str | None = None
         self._policy_obj: Mapping[str, Any] = {}
         self.policies: dict[str, Obj] | None = None  # from the watch (None: read them each pass)
+        self._digests: dict[tuple[str, str], str] = {}  # (uid, resourceVersion) -> install digest
         self.error: str | None = None
         self._refused: dict[str, dict[str, str]] = {}  # node -> pod key -> why its eviction was refused
         self._seq = 0
@@ -359,8 +360,8 @@ class UpgradeController:
             number = cr.get("revision")
             if not isinstance(number, int):
                 continue
-            digest = install_digest(
-                (((cr.get("data") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            digest = self._digest(
+                cr, (((cr.get("data") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
             )
             rev_hash = str((meta.get("labels") or {}).get("controller-revision-hash") or "")
             if not rev_hash:
@@ -407,6 +408,17 @@ class UpgradeController:
                     d.complete = complete
         return out
 
+    def _digest(self, obj: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+        """:func:`install_digest` of an object's pod spec, once per object version."""
+        meta = _meta(obj)
+        key = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+        found = self._digests.get(key)
+        if found is None:
+            if len(self._digests) > 50_000:  # old versions: dropped wholesale, recomputed on demand
+                self._digests.clear()
+            found = self._digests[key] = install_digest(spec)
+        return found
+
     def _state(self, name: str) -> str:
         node = self.nodes.get(name)
         return node.labels.get(plan.STATE_LABEL, "") if node is not None else ""
@@ -435,7 +447,7 @@ class UpgradeController:
                     else None
                 ),
                 newest_revision=d.newest if d is not None else None,
-                pod_digest=install_digest(pod.get("spec") or {}) if pod is not None else None,
+                pod_digest=self._digest(pod, pod.get("spec") or {}) if pod is not None else None,
                 newest_digest=d.newest_digest if d is not None else None,
                 daemonset_complete=d.complete if d is not None else True,
                 requested=node.annotations.get(plan.REQUESTED_ANNOTATION) == "true",
