@@ -122,6 +122,7 @@ async def run_operator(
         )
         # the rolling driver upgrade: its own loop, under the same lease
         upgrades = UpgradeController(client, namespace=namespace, may_write=may_write)
+        metrics.upgrades = upgrades
 
         metrics.attach(labeller, controller)
 
@@ -144,6 +145,7 @@ async def run_operator(
         finally:
             status.leading = False
             metrics.attach(None, None)
+            metrics.upgrades = None
 
     http: HealthServer | None = None
     if settings.http.http_port >= 0:

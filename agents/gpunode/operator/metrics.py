@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from gpunode.operator.controller import ClusterPolicyController
     from gpunode.operator.labeller import NodeLabeller
+    from gpunode.operator.upgrade import UpgradeController
 
 __all__ = [
     "AGENT",
@@ -67,6 +68,7 @@ class OperatorMetrics:
     labeller: NodeLabeller | None = None
     controller: ClusterPolicyController | None = None
     leading: Callable[[], bool] = field(default=lambda: False)
+    upgrades: UpgradeController | None = None  # the driver upgrade controller (leader only)
 
     @property
     def registry(self) -> Any:
@@ -132,6 +134,7 @@ class OperatorMetrics:
                 desired.add_metric([name], float(entry.get("desired") or 0))
                 ready_pods.add_metric([name], float(entry.get("ready") or 0))
         yield from (ready, state_ready, desired, ready_pods)
+        yield from self._upgrade_counters()
 
         labeller = self.labeller
         if labeller is None or not labeller.synced.is_set():
@@ -169,6 +172,25 @@ class OperatorMetrics:
         for name, n in by_state.items():
             upgrade.add_metric([name], float(n))
         yield upgrade
+
+    def _upgrade_counters(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
+        stats = self.upgrades.stats if self.upgrades is not None else None
+        transitions = CounterMetricFamily(
+            "gpunode_operator_driver_upgrade_transitions",
+            "Driver upgrade state transitions the upgrade controller wrote, by the state entered.",
+            labels=["state"],
+        )
+        for state in UPGRADE_STATES:
+            transitions.add_metric([state], float(stats.by_state.get(state, 0) if stats else 0))
+        yield transitions
+        evictions = CounterMetricFamily(
+            "gpunode_operator_driver_upgrade_evictions",
+            "Pods the upgrade controller evicted (GPU pods, drains) through the Eviction API.",
+        )
+        evictions.add_metric([], float(stats.evictions if stats else 0))
+        yield evictions
 
     def describe(self) -> list[Metric]:
         return []  # families are built at scrape time

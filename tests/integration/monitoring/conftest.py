@@ -180,14 +180,17 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scrape]:
     api = FakeApiServer().start()
     try:
         api.add_node("gpu-0", labels={"kubernetes.io/hostname": "gpu-0", **NFD, UPGRADE: "upgrade-failed"})
-        api.add_node("gpu-1", labels={"kubernetes.io/hostname": "gpu-1", **NFD, UPGRADE: "drain-required"})
+        # the upgrade controller on: gpu-0 stays failed (no retry asked), gpu-1 stays done (its driver pod
+        # is the newest); with autoUpgrade off it would remove both labels
+        api.add_node("gpu-1", labels={"kubernetes.io/hostname": "gpu-1", **NFD, UPGRADE: "upgrade-done"})
         api.apply("CustomResourceDefinition", crd(), manager="test")
         policy = {
             "apiVersion": "nvidia.com/v1",
             "kind": "ClusterPolicy",
             "metadata": {"name": "cluster-policy"},
         }
-        api.apply("ClusterPolicy", {**policy, "spec": {}}, manager="test")
+        upgrades = {"driver": {"upgradePolicy": {"autoUpgrade": True}}}
+        api.apply("ClusterPolicy", {**policy, "spec": upgrades}, manager="test")
         kubeconfig = tmp / "kubeconfig"
         api.write_kubeconfig(kubeconfig)
 
@@ -234,7 +237,9 @@ def scrape(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scrape]:
         # refused once (403: not retried by the client, so the pass fails and is counted)
         api.fail_next(1, status=403, method="PATCH", path_contains="daemonsets")
         env = [{"name": "MONITORING_TEST", "value": "1"}]
-        api.apply("ClusterPolicy", {**policy, "spec": {"devicePlugin": {"env": env}}}, manager="test")
+        api.apply(
+            "ClusterPolicy", {**policy, "spec": {**upgrades, "devicePlugin": {"env": env}}}, manager="test"
+        )
         wait_for("a counted operator error", has("operator", "gpunode_errors_total{"), procs, 20)
         wait_for(
             "the registration", has("device-plugin", "gpunode_device_plugin_registrations_total{"), procs, 20

@@ -1,6 +1,6 @@
 """gpunode-operator's /metrics, read from the running operator of the shared scrape (conftest.py): two
-GPU nodes, one in driver upgrade state upgrade-failed and one in drain-required; one reconcile failed on a
-403 for a DaemonSet apply."""
+GPU nodes, one in driver upgrade state upgrade-failed and one upgrade-done (the upgrade controller on:
+both stay); one reconcile failed on a 403 for a DaemonSet apply."""
 
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ def value(scrape: Scrape, name: str, **labels: str) -> float:
 def test_driver_upgrade_states_count_the_nodes_labels(scrape: Scrape) -> None:
     upgrade = "gpunode_operator_driver_upgrade_nodes"
     assert value(scrape, upgrade, state="upgrade-failed") == 1
-    assert value(scrape, upgrade, state="drain-required") == 1
-    assert value(scrape, upgrade, state="upgrade-done") == 0
+    assert value(scrape, upgrade, state="upgrade-done") == 1
+    assert value(scrape, upgrade, state="drain-required") == 0
+    # nothing to upgrade: the controller wrote no transition and evicted nothing
+    assert value(scrape, "gpunode_operator_driver_upgrade_transitions_total", state="upgrade-failed") == 0
+    assert value(scrape, "gpunode_operator_driver_upgrade_evictions_total") == 0
 
 
 def test_nodes_reconciles_and_errors(scrape: Scrape) -> None:

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.render import render_by_agent
 from gpunode.kube.client import Kube
 from gpunode.operator import upgrade_plan as plan
 from gpunode.operator.controller import ClusterPolicyController
+from gpunode.operator.metrics import create_operator_metrics
 from gpunode.operator.upgrade import UpgradeController, check_policy
 from gpunode.sim.apiserver import FakeApiServer
 from helpers.upgrades import (
@@ -98,6 +100,12 @@ async def test_hundred_nodes_upgrade_within_both_limits_at_every_write(tmp_path:
         assert len(events) == 8  # required, cordon, jobs, deletion, restart, validation, uncordon, done
         await c.until(lambda: upgrade_status(c)["nodes"]["done"] == 100)  # written after the pass's writes
         assert upgrade_status(c)["failed"] == []
+        # the operator's metrics count what was done
+        metrics = create_operator_metrics(process_metrics=False)
+        metrics.upgrades = c.controller
+        text = generate_latest(metrics.registry).decode()
+        assert 'gpunode_operator_driver_upgrade_transitions_total{state="upgrade-done"} 100.0' in text
+        assert "gpunode_operator_driver_upgrade_evictions_total 15.0" in text
 
 
 async def test_a_crash_looping_driver_pod_fails_its_node_with_the_reason_while_others_finish(
