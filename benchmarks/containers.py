@@ -12,8 +12,9 @@ containers/ci/containers.conf and the local base image (containers/ci/base-image
 Each round runs, in rotating order so the machine's noise falls on all alike, `podman run --rm
 --network none BASE true` with: no device; `--device nvidia.com/gpu=0`; `--device nvidia.com/gpu=all`;
 and, to tell the hooks' share, device 0 of the same spec generated with `--disable-hook all` (another
-kind, in a second file). Then each of the spec's hooks is timed alone, run as runc runs it (the OCI state
-on stdin) on a fresh copy of the image's root filesystem.
+kind, in a second file). Then each of the spec's hook entries is timed alone, run as runc runs it (the
+OCI state on stdin) on a fresh copy of the image's root filesystem (gpunode's spec has one entry, its
+steps joined by --then).
 Each is timed from spawn to exit (the whole podman command: create, hooks, start, wait, remove).
 Printed: p50/p90/max per case and the p50 overhead of each device case over no device. A report, not a
 test; exit 1 only when the set-up fails.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,9 +62,16 @@ def start_once(image: str, extra: list[str]) -> float:
     return took
 
 
+def hook_name(argv: list[str]) -> str:
+    """A hook entry's commands: one, or gpunode's steps joined by --then (``a+b+c``)."""
+    args = argv[1:]
+    return "+".join([args[0], *(args[i + 1] for i, a in enumerate(args[:-1]) if a == "--then")])
+
+
 def hook_times(image: str, spec: Path, rounds: int, work: Path) -> dict[str, float]:
     """p50 ms of each of the spec's hooks run alone (as runc runs it: the OCI state on stdin) on a fresh
-    copy of the image's root filesystem per round."""
+    copy of the image's root filesystem per round, the driver's libraries copied in where the spec
+    mounts them (as the runtime has mounted them when the hooks run)."""
     doc = yaml.safe_load(spec.read_text())
     hooks = doc.get("containerEdits", {}).get("hooks") or []
     created = podman.podman("create", image, "true", check=True).stdout.strip()
@@ -76,6 +85,11 @@ def hook_times(image: str, spec: Path, rounds: int, work: Path) -> dict[str, flo
         bundle = work / f"bundle{round_no}"
         (bundle / "rootfs").mkdir(parents=True)
         subprocess.run(["tar", "-xf", str(tar), "-C", str(bundle / "rootfs")], check=True)
+        for mount in doc.get("containerEdits", {}).get("mounts") or []:
+            if ".so" in mount["containerPath"]:
+                dest = bundle / "rootfs" / mount["containerPath"].lstrip("/")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(mount["hostPath"], dest)
         config = {"ociVersion": "1.0.2", "root": {"path": str(bundle / "rootfs")}}
         (bundle / "config.json").write_text(json.dumps(config))
         state = json.dumps(
@@ -86,7 +100,7 @@ def hook_times(image: str, spec: Path, rounds: int, work: Path) -> dict[str, flo
             subprocess.run(
                 [hook["path"], *hook["args"][1:]], input=state, text=True, capture_output=True, check=True
             )
-            times.setdefault(hook["args"][1], []).append((time.perf_counter() - t0) * 1000)
+            times.setdefault(hook_name(hook["args"]), []).append((time.perf_counter() - t0) * 1000)
     return {name: statistics.median(values) for name, values in times.items()}
 
 

@@ -3,7 +3,7 @@
 The CDI spec's ``createContainer`` hooks (library links, the container's ``ld.so.cache``, CUDA forward
 compatibility) run on the host, started by the container runtime, before the container does. The
 program is ``gpunode-cdi-hook``, a POSIX sh script shipped in this package (it needs only ``sh``,
-``awk``, ``sed``, ``ln``, ``mkdir``, ``readlink`` and the host's ``ldconfig``, so hosts without Python,
+``awk``, ``ln``, ``mkdir``, ``mv``, ``rm``, ``readlink`` and the host's ``ldconfig``, so hosts without Python,
 such as those of the DaemonSet path, run it). ``gpunode-toolkit cdi generate`` installs it at
 :data:`DEFAULT_HOOK_PATH` (under ``--host-root``) before writing a spec that names it;
 ``gpunode-toolkit hook install|uninstall`` do it on their own. docs/cdi.md has the trade-offs.

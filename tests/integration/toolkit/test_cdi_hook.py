@@ -124,20 +124,26 @@ def test_generate_installs_the_hook_once_and_the_spec_runs_it(
     spec = yaml.safe_load(out.read_text())
     assert spec["cdiVersion"] == "0.5.0"  # Debian 12's podman 4.3 reads at most 0.5.0
     assert {h["path"] for h in hooks(spec)} == {DEFAULT_HOOK_PATH}
-    assert [h["args"][1] for h in hooks(spec)] == [
-        "create-symlinks",
-        "enable-cuda-compat",
-        "update-ldcache",
-        "disable-device-node-modification",
-    ]
     libdir = "/lib/x86_64-linux-gnu"
-    assert hooks(spec)[0]["args"][2:] == [
+    (hook,) = hooks(spec)  # gpunode's hook: every step in one process, joined by --then
+    assert hook["args"] == [
+        "gpunode-cdi-hook",
+        "create-symlinks",
         "--link",
         f"libcuda.so.1::{libdir}/libcuda.so",
         "--link",
         f"libcuda.so.{VERSION}::{libdir}/libcuda.so.1",
         "--link",
         f"libnvidia-ml.so.{VERSION}::{libdir}/libnvidia-ml.so.1",
+        "--then",
+        "enable-cuda-compat",
+        f"--host-driver-version={VERSION}",
+        "--then",
+        "update-ldcache",
+        "--folder",
+        libdir,
+        "--then",
+        "disable-device-node-modification",
     ]
     assert f"NVIDIA_CTK_LIBCUDA_DIR={libdir}" in spec["containerEdits"]["env"]
     mount = spec["containerEdits"]["mounts"][0]
@@ -314,6 +320,96 @@ def test_hook_makes_the_links_and_the_ld_cache(tmp_path: Path, hook: Path) -> No
     assert "unknown command" in unknown.stderr
 
 
+def _tree(rootfs: Path) -> dict[str, str]:
+    """Every link (-> its text) and regular file under rootfs, but the library caches."""
+    out: dict[str, str] = {}
+    for path in sorted(rootfs.rglob("*")):
+        rel = str(path.relative_to(rootfs))
+        if path.is_symlink():
+            out[rel] = "-> " + os.readlink(path)
+        elif path.is_file() and path.name not in ("ld.so.cache", "aux-cache"):
+            out[rel] = "file"
+    return out
+
+
+def test_chained_steps_in_one_run_leave_what_separate_runs_leave(tmp_path: Path, hook: Path) -> None:
+    """gpunode's spec runs every step in one process (--then). There the soname links are left to
+    ldconfig and checked after it; a link ldconfig does not make (here libodd.so.1, whose library's
+    soname is another name) is made by the hook and the cache rebuilt. The container ends up with the
+    same links, config files and library cache as with one hook run per step."""
+    if shutil.which("ldconfig") is None and not Path("/sbin/ldconfig").exists():
+        pytest.skip("no ldconfig on this host")
+    steps = [
+        [
+            "create-symlinks",
+            "--link",
+            "libcuda.so.1::/lib/x86_64-linux-gnu/libcuda.so",
+            "--link",
+            f"libcuda.so.{VERSION}::/lib/x86_64-linux-gnu/libcuda.so.1",
+            "--link",
+            f"libnvidia-ml.so.{VERSION}::/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+            "--link",
+            f"libodd.so.{VERSION}::/lib/x86_64-linux-gnu/libodd.so.1",
+        ],
+        ["enable-cuda-compat", f"--host-driver-version={VERSION}"],
+        ["update-ldcache", "--folder", "/lib/x86_64-linux-gnu"],
+        ["disable-device-node-modification"],
+    ]
+    results = []
+    for name, runs in (
+        ("separate", steps),
+        ("chained", [[a for i, step in enumerate(steps) for a in (["--then"] if i else []) + step]]),
+    ):
+        _, rootfs, state = bundle(tmp_path / name)
+        _library(rootfs / f"usr/lib/x86_64-linux-gnu/libodd.so.{VERSION}", f"libodd-other.so.{VERSION}")
+        for args in runs:
+            proc = run_hook(hook, args, state)
+            assert proc.returncode == 0, proc.stderr
+            assert proc.stderr == ""
+        cache = subprocess.run(
+            ["ldconfig", "-r", str(rootfs), "-p"], capture_output=True, text=True, check=True
+        )
+        results.append((_tree(rootfs), sorted(cache.stdout.splitlines()[1:])))
+        lib = rootfs / "usr/lib/x86_64-linux-gnu"
+        assert os.readlink(lib / "libcuda.so") == "libcuda.so.1"
+        assert os.readlink(lib / "libcuda.so.1") == f"libcuda.so.{VERSION}"
+        assert os.readlink(lib / "libnvidia-ml.so.1") == f"libnvidia-ml.so.{VERSION}"
+        assert os.readlink(lib / "libodd.so.1") == f"libodd.so.{VERSION}"
+        assert "libcuda.so.1 " in cache.stdout
+        assert "libnvidia-ml.so.1 " in cache.stdout
+    assert results[0] == results[1]
+    # run again on the finished tree (a second spec's hook): nothing to do, nothing changed
+    again = run_hook(
+        hook, [a for i, step in enumerate(steps) for a in (["--then"] if i else []) + step], state
+    )
+    assert again.returncode == 0, again.stderr
+    assert _tree(rootfs) == results[1][0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["create-symlinks", "--link", "a::/usr/lib/a.so", "--then"], "--then needs a command"),
+        (["create-symlinks", "--then", "create-symlinks"], "given twice"),
+        (
+            ["create-symlinks", "--link", "a::/usr/lib/a.so", "--then", "update-ldcache", "--folder", "rel"],
+            "absolute",
+        ),
+        (["create-symlinks", "--link", "a::/usr/lib/a.so", "--then", "--then", "update-ldcache"], "--then"),
+    ],
+)
+def test_chained_usage_errors_exit_2_and_change_nothing(
+    tmp_path: Path, hook: Path, args: list[str], message: str
+) -> None:
+    _, rootfs, state = bundle(tmp_path)
+    before = _tree(rootfs)
+    proc = run_hook(hook, args, state)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("gpunode-cdi-hook: error: ")
+    assert message in proc.stderr
+    assert _tree(rootfs) == before
+
+
 @pytest.mark.parametrize(
     "state",
     [
@@ -331,12 +427,12 @@ def test_hook_refuses_malformed_state_and_makes_no_link(tmp_path: Path, hook: Pa
         (b / "config.json").write_text('{"ociVersion": "1.0.2"}')
         state = state.replace("BUNDLE_WITHOUT_ROOT", str(b))
     before = sorted(str(p) for p in rootfs.rglob("*"))
-    proc = run_hook(
-        hook, ["create-symlinks", "--link", "libcuda.so.1::/lib/x86_64-linux-gnu/libcuda.so"], state
-    )
-    assert proc.returncode == 1
-    assert proc.stderr.startswith("gpunode-cdi-hook: error: ")
-    assert sorted(str(p) for p in rootfs.rglob("*")) == before
+    link = ["create-symlinks", "--link", "libcuda.so.1::/lib/x86_64-linux-gnu/libcuda.so"]
+    for args in (link, [*link, "--then", "update-ldcache", "--folder", "/lib/x86_64-linux-gnu"]):
+        proc = run_hook(hook, args, state)
+        assert proc.returncode == 1
+        assert proc.stderr.startswith("gpunode-cdi-hook: error: ")
+        assert sorted(str(p) for p in rootfs.rglob("*")) == before
 
 
 def test_hook_keeps_writes_inside_the_container_root(tmp_path: Path, hook: Path) -> None:
@@ -469,7 +565,7 @@ def test_management_mode_needs_no_nvml(tmp_path: Path, host: Path, env: dict[str
     assert proc.returncode == 0, proc.stderr  # libnvidia-ml.so.550.54.15 in the driver root tells the version
     spec = yaml.safe_load(out.read_text())
     assert [d["name"] for d in spec["devices"]] == ["all"]
-    assert f"--host-driver-version={VERSION}" in hooks(spec)[1]["args"]
+    assert f"--host-driver-version={VERSION}" in hooks(spec)[0]["args"]
     version = host / "proc/driver/nvidia/version"
     version.parent.mkdir(parents=True)
     version.write_text(

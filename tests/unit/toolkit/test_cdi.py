@@ -364,8 +364,9 @@ def test_common_edits() -> None:
         "containerPath": "/usr/bin/nvidia-smi",
         "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
     }
-    symlinks, compat, ldcache, nodemod = edits["hooks"]
-    assert symlinks == {
+    # gpunode's hook: one entry running every step in NVIDIA's order, joined by --then
+    (hook,) = edits["hooks"]
+    assert hook == {
         "hookName": "createContainer",
         "path": "/usr/local/gpunode/bin/gpunode-cdi-hook",
         "args": [
@@ -375,18 +376,53 @@ def test_common_edits() -> None:
             f"libcuda.so.1::/{LIBDIR}/libcuda.so",
             "--link",
             f"libnvidia-ml.so.{VERSION}::/{LIBDIR}/libnvidia-ml.so.1",
+            "--then",
+            "enable-cuda-compat",
+            f"--host-driver-version={VERSION}",
+            "--then",
+            "update-ldcache",
+            "--folder",
+            f"/{LIBDIR}",
+            "--folder",
+            "/usr/lib64",
+            "--then",
+            "disable-device-node-modification",
         ],
     }
-    assert compat["args"] == ["gpunode-cdi-hook", "enable-cuda-compat", f"--host-driver-version={VERSION}"]
+    # NVIDIA's hook program: one entry per step, NVIDIA's command lines
+    doc, _ = build(files=FILES, hook_path="/usr/bin/nvidia-cdi-hook")
+    symlinks, compat, ldcache, nodemod = doc["containerEdits"]["hooks"]
+    assert symlinks == {
+        "hookName": "createContainer",
+        "path": "/usr/bin/nvidia-cdi-hook",
+        "args": [
+            "nvidia-cdi-hook",
+            "create-symlinks",
+            "--link",
+            f"libcuda.so.1::/{LIBDIR}/libcuda.so",
+            "--link",
+            f"libnvidia-ml.so.{VERSION}::/{LIBDIR}/libnvidia-ml.so.1",
+        ],
+    }
+    assert compat["args"] == ["nvidia-cdi-hook", "enable-cuda-compat", f"--host-driver-version={VERSION}"]
     assert ldcache["args"] == [
-        "gpunode-cdi-hook",
+        "nvidia-cdi-hook",
         "update-ldcache",
         "--folder",
         f"/{LIBDIR}",
         "--folder",
         "/usr/lib64",
     ]
-    assert nodemod["args"] == ["gpunode-cdi-hook", "disable-device-node-modification"]
+    assert nodemod["args"] == ["nvidia-cdi-hook", "disable-device-node-modification"]
+
+
+def hook_steps(doc: dict[str, Any]) -> list[str]:
+    """The hook commands a spec runs, in order: one per entry, or each step of gpunode's --then chain."""
+    out: list[str] = []
+    for hook in doc["containerEdits"].get("hooks", []):
+        args = hook["args"][1:]
+        out += [args[0]] + [args[i + 1] for i, a in enumerate(args) if a == "--then"]
+    return out
 
 
 @pytest.mark.parametrize(
@@ -398,12 +434,17 @@ def test_common_edits() -> None:
             "update-ldcache,chmod",
             ["create-symlinks", "enable-cuda-compat", "disable-device-node-modification"],
         ),
+        ("create-symlinks,enable-cuda-compat,update-ldcache", ["disable-device-node-modification"]),
         ("all", []),
     ],
 )
 def test_disable_hook(disabled: str, left: list[str]) -> None:
     doc, _ = build(files=FILES, disabled_hooks=cdi.parse_disabled_hooks(disabled))
-    assert [h["args"][1] for h in doc["containerEdits"].get("hooks", [])] == left
+    assert hook_steps(doc) == left
+    nvidia, _ = build(
+        files=FILES, disabled_hooks=cdi.parse_disabled_hooks(disabled), hook_path="/usr/bin/nvidia-cdi-hook"
+    )
+    assert [h["args"][1] for h in nvidia["containerEdits"].get("hooks", [])] == left
 
 
 def test_disable_hook_rejects_an_unknown_name() -> None:
