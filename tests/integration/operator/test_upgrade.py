@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from prometheus_client import generate_latest
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.render import render_by_agent
 from gpunode.kube.client import Kube
+from gpunode.kube.operands import RECORD_ANNOTATION as OPERANDS_ANNOTATION
+from gpunode.kube.operands import PauseRecord, paused_value
 from gpunode.operator import upgrade_plan as plan
 from gpunode.operator.controller import ClusterPolicyController
 from gpunode.operator.metrics import create_operator_metrics
@@ -318,6 +321,50 @@ async def test_the_controller_killed_at_every_state_converges(tmp_path: Path) ->
         assert cordoned(c) == []
         assert set(evictions(c).values()) == {1}  # never evicted twice
         assert len(evictions(c)) == 6
+
+
+async def test_operands_paused_for_the_upgrade_come_back(tmp_path: Path) -> None:
+    """gpu-0000: the driver manager died with the operands paused (its record's lease ran out): they are
+    restored with the uncordon. gpu-0001: a live pause holds the node, cordoned, until its holder is done."""
+    up = {"autoUpgrade": True, "maxParallelUpgrades": 0, "maxUnavailable": "100%"}
+    deploy = "nvidia.com/gpu.deploy.device-plugin"
+    held_until = time.time() + 600
+
+    def paused(api: FakeApiServer) -> None:
+        for node, until in (("gpu-0000", 0.0), ("gpu-0001", held_until)):
+            record = PauseRecord("gpunode-driver-manager", "driver-upgrade", {deploy: "true"}, "", until)
+            api.patch_node(
+                node,
+                {
+                    "metadata": {
+                        "labels": {deploy: paused_value("driver-upgrade")},
+                        "annotations": {OPERANDS_ANNOTATION: record.to_json()},
+                    }
+                },
+            )
+
+    async with upgrade_cluster(tmp_path, 3, up, prepare=paused) as c:
+        await c.until(lambda: settled(c))
+        set_driver_env(c.api, "DRIVER_VERSION", "580.2")
+        await c.until(lambda: c.states()["gpu-0000"] == "upgrade-done")
+        labels, annotations = (
+            c.node("gpu-0000")["metadata"]["labels"],
+            c.node("gpu-0000")["metadata"]["annotations"],
+        )
+        assert labels[deploy] == "true"
+        assert OPERANDS_ANNOTATION not in annotations
+        await c.until(lambda: c.states()["gpu-0001"] == "uncordon-required")
+        for _ in range(2):
+            await c.controller.reconcile()
+        assert c.states()["gpu-0001"] == "uncordon-required"  # its holder is still at work: it waits
+        assert "gpu-0001" in cordoned(c)
+        # the holder (the driver manager) finishes: labels back, record gone; the node goes on
+        c.api.patch_node(
+            "gpu-0001", {"metadata": {"labels": {deploy: "true"}, "annotations": {OPERANDS_ANNOTATION: None}}}
+        )
+        await c.until(lambda: all_in(c, "upgrade-done"))
+        assert c.node("gpu-0001")["metadata"]["labels"][deploy] == "true"
+        assert cordoned(c) == []
 
 
 @pytest.mark.parametrize(
