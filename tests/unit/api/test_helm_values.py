@@ -260,6 +260,19 @@ def test_upgrade_policy_renamed_and_completed_with_the_charts_defaults() -> None
     )
 
 
+def test_the_chart_upgrade_policy_is_the_policy_the_upgrade_controller_reads(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "driver:\n  upgradePolicy:\n    maxParallelUpgrades: 3\n    maxUnavailable: 20%\n"
+        "    gpuPodDeletion: {force: true, timeoutSeconds: 60}\n"
+        "    drain: {enable: true, podSelector: team=ml}\n"
+    )
+    up = load_values(values).policy.spec.driver.upgrade_policy
+    assert (up.auto_upgrade, up.max_parallel_upgrades, up.max_unavailable) == (True, 3, "20%")  # chart: on
+    assert (up.pod_deletion.force, up.pod_deletion.timeout_seconds) == (True, 60)
+    assert (up.drain.enable, up.drain.pod_selector, up.drain.timeout_seconds) == (True, "team=ml", 300)
+
+
 def test_device_plugin_config_needs_a_name_and_keeps_create_and_data() -> None:
     assert "config" not in _spec({"devicePlugin": {"config": {"name": "", "default": "x"}}})["devicePlugin"]
     assert _spec({"devicePlugin": {"config": {"name": "ts"}}})["devicePlugin"]["config"] == {
