@@ -275,6 +275,7 @@ class UpgradeStats:
     evictions: int = 0
     events: int = 0
     status_writes: int = 0
+    node_errors: int = 0  # API errors advancing one node (retried next pass)
     cpu_s: float = 0.0
     by_state: dict[str, int] = field(default_factory=dict)
 
@@ -514,7 +515,11 @@ class UpgradeController:
 
         async def advance(view: plan.NodeView) -> None:
             async with sem:
-                await self._advance(view, pol, drivers)
+                try:
+                    await self._advance(view, pol, drivers)
+                except KubeError as exc:  # this node again next pass; the others go on
+                    self.stats.node_errors += 1
+                    self.log.warning("driver_upgrade_node_failed", node=view.name, error=str(exc))
 
         if not self.may_write():
             return PassResult(BUSY_REQUEUE_S)
@@ -527,9 +532,14 @@ class UpgradeController:
         admission = plan.admit(views.values(), limits)
         started: list[plan.NodeView] = []
         for name in admission.start:
-            moved = await self._transition(
-                views[name], plan.Step("cordon-required", "a slot is free: starting")
-            )
+            try:
+                moved = await self._transition(
+                    views[name], plan.Step("cordon-required", "a slot is free: starting")
+                )
+            except KubeError as exc:  # not admitted after all: its slot stays free this pass
+                self.stats.node_errors += 1
+                self.log.warning("driver_upgrade_node_failed", node=name, error=str(exc))
+                continue
             if moved is not None:
                 started.append(moved)
         if started:  # on at once: cordoning a node admitted here raises no count past what admit() allowed
@@ -750,6 +760,8 @@ class UpgradeController:
     async def _evict(self, name: str, pods: Sequence[PodInfo]) -> None:
         refused = self._refused.setdefault(name, {})
         for pod in pods:
+            if not self.may_write():  # the lease lost meanwhile: the next leader goes on
+                return
             try:
                 await self.kube.evict_pod(pod.namespace, pod.name)
             except KubeUnavailable as exc:
@@ -769,7 +781,7 @@ class UpgradeController:
         """Delete the node's stale driver pod (its DaemonSet puts the newest in its place) and its
         validator pods, which then validate the new driver."""
         pod = driver.pod if driver is not None else None
-        if pod is None or "deletionTimestamp" in _meta(pod):
+        if pod is None or "deletionTimestamp" in _meta(pod) or not self.may_write():
             return  # gone or going: waiting for the new one
         meta = _meta(pod)
         await self.kube.delete_pod(str(meta.get("namespace")), str(meta.get("name")))
