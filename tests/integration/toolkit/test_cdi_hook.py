@@ -419,6 +419,7 @@ def test_chained_usage_errors_exit_2_and_change_nothing(
         '{"bundle": "relative/path"}',
         '{"bundle": "/nonexistent/bundle"}',
         '{"bundle": "BUNDLE_WITHOUT_ROOT"}',
+        '{"bundle": "BUNDLE_WITH_EMPTY_ROOT"}',
     ],
 )
 def test_hook_refuses_malformed_state_and_makes_no_link(tmp_path: Path, hook: Path, state: str) -> None:
@@ -426,6 +427,9 @@ def test_hook_refuses_malformed_state_and_makes_no_link(tmp_path: Path, hook: Pa
     if "BUNDLE_WITHOUT_ROOT" in state:
         (b / "config.json").write_text('{"ociVersion": "1.0.2"}')
         state = state.replace("BUNDLE_WITHOUT_ROOT", str(b))
+    if "BUNDLE_WITH_EMPTY_ROOT" in state:
+        (b / "config.json").write_text('{"ociVersion": "1.0.2", "root": {"path": ""}}')
+        state = state.replace("BUNDLE_WITH_EMPTY_ROOT", str(b))
     before = sorted(str(p) for p in rootfs.rglob("*"))
     link = ["create-symlinks", "--link", "libcuda.so.1::/lib/x86_64-linux-gnu/libcuda.so"]
     for args in (link, [*link, "--then", "update-ldcache", "--folder", "/lib/x86_64-linux-gnu"]):
