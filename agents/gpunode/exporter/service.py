@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
@@ -29,6 +30,7 @@ from gpunode.exporter.sampler import EMPTY, Sampler, Snapshot
 from gpunode.nvml.api import Nvml
 
 AGENT = "exporter"
+T = TypeVar("T")
 SELF_METRICS_MAX_AGE = 1.0  # seconds a rendered scrape is reused (the GPU part: until the next sample)
 
 
@@ -44,6 +46,17 @@ class ExporterOptions:
     virtual_gpus: bool = False
     resource_names: tuple[str, ...] = ()
     old_namespace: bool = False
+
+
+MAX_FORMATS = 8  # content types whose answers are kept: a client's Accept header names the version
+
+
+def _remember(cache: dict[str, T], content_type: str, value: T) -> None:
+    """Keep `value` for `content_type`; beyond MAX_FORMATS the oldest other format is forgotten."""
+    cache.pop(content_type, None)
+    while len(cache) >= MAX_FORMATS:
+        del cache[next(iter(cache))]
+    cache[content_type] = value
 
 
 class Exporter:
@@ -68,7 +81,8 @@ class Exporter:
         self.gpu_registry = CollectorRegistry(auto_describe=False)  # the GPU series, rendered once per sample
         self._cache: dict[str, tuple[float, float, bytes]] = {}  # content type -> whole answer
         self._gpu_cache: dict[str, tuple[float, bytes]] = {}  # content type -> (snapshot, GPU series)
-        self._encoders: dict[str, Callable[[Collector], bytes]] = {}  # the formats scraped so far
+        # the default formats (exposition.fast_encoder) scraped so far: answered right after each sample
+        self._encoders: dict[str, Callable[[Collector], bytes]] = {}
         self.ready = asyncio.Event()
         # /readyz answers 503 until the first sample: never "ready" before there is something to scrape
         self.health = Health()  # /healthz: answered by the event loop, so it is alive
@@ -86,9 +100,10 @@ class Exporter:
 
     def render(self, accept: str) -> tuple[bytes, str]:
         """A scrape: the GPU series rendered once per snapshot and format, then the self-metrics, rendered
-        again at most once every SELF_METRICS_MAX_AGE seconds or with a new snapshot. For the formats
-        scraped before, the whole answer is made right after each sample (see :meth:`_sampled`). Scrapes
-        cost no NVML call and, between samples, no rendering of the GPU series."""
+        again at most once every SELF_METRICS_MAX_AGE seconds or with a new snapshot. For the default
+        formats scraped before (Prometheus' text and OpenMetrics 1.0.0), the whole answer is made right
+        after each sample (see :meth:`_sampled`); at most MAX_FORMATS answers are kept. Scrapes cost no
+        NVML call and, between samples, no rendering of the GPU series."""
         encoder, content_type = choose_encoder(accept)
         return self._answer(encoder, content_type), content_type
 
@@ -102,7 +117,7 @@ class Exporter:
         if gpu is None or gpu[0] != taken:
             gpu = self._render_gpu(encoder, content_type, taken)
         cached = (taken, now, gpu[1] + encoder(self.metrics.registry))
-        self._cache[content_type] = cached
+        _remember(self._cache, content_type, cached)
         return cached[2]
 
     def _render_gpu(
@@ -122,8 +137,10 @@ class Exporter:
                 gpu_part = gpu_part[: -len(b"# EOF\n")]
             else:  # the text format: dcgm-exporter's counters typed counter
                 gpu_part = type_counters(gpu_part, counters)
-        self._encoders[content_type] = encoder
-        rendered = self._gpu_cache[content_type] = (taken, gpu_part)
+        if fmt is not None:
+            self._encoders[content_type] = encoder
+        rendered = (taken, gpu_part)
+        _remember(self._gpu_cache, content_type, rendered)
         return rendered
 
     def _pod_failure(self, reason: str) -> None:

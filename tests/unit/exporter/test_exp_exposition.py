@@ -232,19 +232,48 @@ def test_a_scrape_answers_the_gpu_series_as_prometheus_client_then_the_self_metr
     assert b"exporter_" in body[len(gpu) :].replace(b"__", b"_")  # the self-metrics follow
     assert body.endswith(b"# EOF\n") == ("openmetrics" in content_type)
     assert body.count(b"# EOF\n") <= 1
-    # a new snapshot is answered when it is sampled; the next scrape finds the answer made
+    # a new snapshot is answered when it is sampled (default formats); the next scrape answers it
     later = replace(snap, taken_at=snap.taken_at + 1, xids={3: 79})
     exporter.sampler = cast(Sampler, SimpleNamespace(latest=later))
     exporter._sampled(later)
-    assert exporter._gpu_cache[content_type][0] == later.taken_at
+    default = fast_encoder(encoder) is not None  # the formats made right after each sample
+    assert (exporter._cache[content_type][0] == later.taken_at) == default
     ready = exporter._cache[content_type]
-    assert ready[0] == later.taken_at
     body = exporter.render(accept)[0]
-    assert body is ready[2]  # answered as made right after the sample
+    assert (body is ready[2]) == default  # the others are made by the scrape, as before
     assert b'err_code="79"' in body.replace(b"__", b"_")
     assert body.startswith(_slow(exporter.gpu_registry, accept, collector.counter_names))
-    assert encoder is not None
 
 
 async def _no_nvml() -> Nvml:
     raise AssertionError("not opened in this test")
+
+
+def test_many_accept_versions_keep_a_bounded_number_of_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client can name any OpenMetrics version >= 1.0.0 in its Accept header: each is its own content
+    type. The answers kept stay few, and only the default formats are made after every sample."""
+    monkeypatch.setattr(service, "SELF_METRICS_MAX_AGE", 3600.0)
+    every, snap = asyncio.run(_every_field_snapshot())
+    exporter = Exporter(ExporterOptions("127.0.0.1", 0, 1.0, (), None), _no_nvml)
+    exporter.collector = ExporterCollector(every.values + every.label_fields, every.options, exporter.latest)
+    exporter.gpu_registry.register(exporter.collector)
+    exporter.sampler = cast(Sampler, SimpleNamespace(latest=snap))
+    exporter.render("")
+    exporter.render("application/openmetrics-text; version=1.0.0")
+    for minor in range(40):
+        body, content_type = exporter.render(f"application/openmetrics-text; version=1.{minor}.7")
+        assert f"version=1.{minor}.7" in content_type
+        assert body.endswith(b"# EOF\n")
+    assert len(exporter._cache) <= service.MAX_FORMATS
+    assert len(exporter._gpu_cache) <= service.MAX_FORMATS
+    assert sorted(exporter._encoders) == sorted(
+        [choose_encoder("")[1], choose_encoder("application/openmetrics-text; version=1.0.0")[1]]
+    )
+    later = replace(snap, taken_at=snap.taken_at + 1)
+    exporter.sampler = cast(Sampler, SimpleNamespace(latest=later))
+    exporter._sampled(later)
+    assert {ct for ct, (taken, _, _) in exporter._cache.items() if taken == later.taken_at} == set(
+        exporter._encoders
+    )
+    body, _ = exporter.render("")
+    assert body is exporter._cache[choose_encoder("")[1]][2]
