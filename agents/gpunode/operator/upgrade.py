@@ -473,7 +473,10 @@ class UpgradeController:
         if self.policies is not None:
             policies = list(self.policies.values())
         else:
-            policies, _ = await self.kube.list_objects(CLUSTER_POLICY)
+            try:
+                policies, _ = await self.kube.list_objects(CLUSTER_POLICY)
+            except KubeNotFound:  # the CRD is not installed (yet): no policy
+                return None
         active = active_policy(policy_ref(p) for p in policies)
         if active is None:
             return None
