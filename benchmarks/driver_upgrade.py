@@ -71,6 +71,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             set_driver_env(c.api, "DRIVER_VERSION", "580.2")
             await c.until(lambda: all(s == "upgrade-done" for s in c.states().values()), args.timeout)
             wall = time.monotonic() - wall0
+            # the pass that wrote the last transitions ends with its Events and the status: counted too
+            await c.until(lambda: c.controller.stats.transitions >= 8 * args.nodes, 60)
+            await c.until(lambda: (c.controller.status or {}).get("nodes", {}).get("done") == args.nodes, 60)
             cpu = time.thread_time() - cpu0
             served = Counter(c.api.request_counts)
             served.subtract(before)
