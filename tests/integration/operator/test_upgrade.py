@@ -301,12 +301,14 @@ async def test_the_controller_killed_at_every_state_converges(tmp_path: Path) ->
         await c.until(lambda: settled(c))
         set_driver_env(c.api, "DRIVER_VERSION", "580.2")
         killed: set[str] = set()
+        clients: list[Kube] = []
         for _ in range(400):
             seen = set(c.states().values()) - {""} - killed
-            if seen:
+            if seen:  # a new process: a new client, a new controller, nothing in memory
                 killed |= seen
                 await c.stop()
-                c.start(c.new_controller())
+                clients.append(Kube.connect_cluster(str(c.kubeconfig), namespace=NS, backoff=(0.01, 0.05)))
+                c.start(UpgradeController(clients[-1], namespace=NS))
             if all_in(c, "upgrade-done"):
                 break
             await asyncio.sleep(0.005)
@@ -319,6 +321,9 @@ async def test_the_controller_killed_at_every_state_converges(tmp_path: Path) ->
                     lines.append(f"{n} {st}: {c.node(n)['metadata'].get('annotations')}")
                     lines += [f"  {p['metadata']['name']} {p['status']}" for p in c.api.pods(n)]
             raise AssertionError("\n".join(lines)) from None
+        await c.stop()
+        for client in clients:
+            await client.aclose()
         assert {"upgrade-required", "cordon-required", "pod-restart-required"} <= killed
         assert c.checker.violations == []
         assert cordoned(c) == []
