@@ -23,8 +23,19 @@ PATH = [
 
 def test_upgrade_rehearsal_walks_every_gpu_node_to_upgrade_done(tmp_path: Path) -> None:
     done = subprocess.run(
-        [*GPUNODE, "dev", "cluster", "--nodes", "3", "--other-nodes", "1", "--oneshot", "--upgrade"]
-        + ["--timeout", "120"],  # a loaded machine: no timed assertion, only a bound
+        [
+            *GPUNODE,
+            "dev",
+            "cluster",
+            "--nodes",
+            "3",
+            "--other-nodes",
+            "1",
+            "--oneshot",
+            "--upgrade",
+            "--timeout",
+            "120",
+        ],
         capture_output=True,
         text=True,
         timeout=300,
