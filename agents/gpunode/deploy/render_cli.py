@@ -11,6 +11,8 @@ namespace, the operator with its RBAC, NFD, and the policy itself); with ``-o DI
 ``--values FILE`` reads the GPU Operator Helm chart's values instead of a ClusterPolicy and maps them as
 NVIDIA's chart does (:mod:`gpunode.api.helm_values`; a key the chart does not have is a warning naming its
 YAML path); it cannot be combined with ``--policy``.
+With ``--operator`` and neither ``--policy`` nor ``--values``, the policy is the GPU Operator's defaults
+(a ClusterPolicy ``cluster-policy`` with an empty spec), as ``helm install`` with no values gives.
 ``--images`` prints the images the policy needs, one a line (for air-gapped mirroring). Exit 2 for a
 malformed policy (file, YAML path, reason), or with ``--strict`` for unknown or unsupported fields.
 """
@@ -24,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpunode.api.clusterpolicy import LoadedPolicy, load_policy
+from gpunode.api.clusterpolicy import LoadedPolicy, load_policy, parse_policy_text
 from gpunode.api.helm_values import LoadedValues, load_values
 from gpunode.common.atomic import atomic_write
 from gpunode.common.errors import ConfigError
@@ -97,6 +99,13 @@ def parser() -> SettingsParser[RenderSettings]:
     )
 
 
+# ``--operator`` alone: the GPU Operator's defaults, as the chart installs them with no values.
+DEFAULTS_NAME = "(the GPU Operator's defaults)"
+DEFAULT_POLICY = (
+    "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata:\n  name: cluster-policy\nspec: {}\n"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser().parse(list(sys.argv[1:] if argv is None else argv), {}).settings
@@ -109,12 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("gpunode render: error: argument --values: not allowed with argument --policy", file=sys.stderr)
         return 2
     source = args.values if args.values is not None else args.policy
-    if source is None:
+    if source is None and not args.operator:
         print("gpunode render: error: one of the arguments --policy --values is required", file=sys.stderr)
         return 2
     try:
-        if args.values is not None:
-            loaded: LoadedPolicy | LoadedValues = load_values(args.values, strict=args.strict)
+        if source is None:
+            source = DEFAULTS_NAME
+            loaded: LoadedPolicy | LoadedValues = parse_policy_text(DEFAULT_POLICY, source)
+        elif args.values is not None:
+            loaded = load_values(args.values, strict=args.strict)
         else:
             loaded = load_policy(source, strict=args.strict)
     except ConfigError as exc:

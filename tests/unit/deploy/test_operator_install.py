@@ -161,3 +161,19 @@ def test_cli_operator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert sorted(f.name for f in out.iterdir()) == expected  # file names sort in apply order
     assert main(["--policy", str(DEFAULT), "--operator", "--images", "--image", "r/g:1"]) == 0
     assert capsys.readouterr().out == "r/g:1\nregistry.k8s.io/nfd/node-feature-discovery:v0.17.4\n"
+
+
+def test_cli_operator_alone_installs_the_gpu_operators_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(
+        "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata:\n  name: cluster-policy\nspec: {}\n"
+    )
+    assert main(["--operator"]) == 0
+    alone = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert alone == render_operator(load_policy(empty).policy)
+    assert alone[-1]["metadata"]["name"] == "cluster-policy"
+    assert main(["--operator", "--images"]) == 0
+    assert "registry.k8s.io/nfd/node-feature-discovery:v0.17.4" in capsys.readouterr().out.splitlines()
+    assert main([]) == 2  # without --operator a policy or values file is still required
