@@ -8,8 +8,11 @@ The agent runs as a real, separate process (``gpunode-mps-control-daemon --sim-s
 ``dgx-a100`` preset (8x A100-SXM4-40GB) with the fake ``nvidia-cuda-mps-control`` of the simulated host in
 a scratch driver root, sharing ``nvidia.com/gpu`` with MPS, 4 replicas: one control daemon for 8 GPUs (the
 case of every file written for NVIDIA's plugin), then 8 daemons (gpunode's extension: one renamed resource
-per GPU). Measured per case, with the agent's default ``--watch-interval`` (5 s) and its HTTP endpoint
-(``/healthz``, ``/readyz``, ``/metrics``) on, as the systemd unit runs it:
+per GPU), then the first case again with the config chosen by the node label (``--config-file`` naming a
+directory of named configs, ``--node-name`` and a kubeconfig for a test API server started here, the node
+labelled ``nvidia.com/device-plugin.config``): the agent then loads the Kubernetes client (lightkube,
+httpx2) and watches its node. Measured per case, with the agent's default ``--watch-interval`` (5 s) and
+its HTTP endpoint (``/healthz``, ``/readyz``, ``/metrics``) on, as the systemd unit runs it:
 
 1. start to ready: from the exec until ``<root>/.ready`` exists (NVML opened, the daemons started, the
    limits set through the control binary, the readiness file written);
@@ -38,9 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import machine_base
 from gpunode.sim import mps_control
 from gpunode.sim import nvml as sim
+from gpunode.sim.apiserver import FakeApiServer
 
 AGENT = str(Path(sys.executable).parent / "gpunode-mps-control-daemon")
 TICKS = os.sysconf("SC_CLK_TCK")
+NODE = "node-1"
+LABEL = "nvidia.com/device-plugin.config"
 RSS_TARGET_MB = 40.0
 CPU_TARGET_PCT = 0.2
 ONE = "version: v1\nsharing:\n  mps:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
@@ -69,13 +75,27 @@ def daemons(root: Path) -> list[int]:
     return [int(p.read_text()) for p in root.rglob("nvidia-cuda-mps-control.pid")]
 
 
-def run_case(name: str, config: str, idle: float) -> dict[str, Any]:
+def run_case(name: str, config: str, idle: float, *, labelled: bool = False) -> dict[str, Any]:
+    """One agent; ``labelled``: --config-file names a directory of named configs and the node label
+    chooses one, through a test API server started here (the agent then loads the Kubernetes client)."""
     base = Path(tempfile.mkdtemp(prefix="mpsb", dir="/tmp"))
+    api: FakeApiServer | None = None
     try:
         state = base / "node.json"
         sim.init_state_file(state, "dgx-a100")
         mps_control.install(base / "drv")
-        (base / "config.yaml").write_text(config)
+        config_arg = base / "config.yaml"
+        config_arg.write_text(config)
+        extra: list[str] = []
+        if labelled:
+            config_arg = base / "available-configs"
+            config_arg.mkdir()
+            (config_arg / "mps-4").write_text(config)
+            (config_arg / "other").write_text(config.replace("replicas: 4", "replicas: 2"))
+            api = FakeApiServer().__enter__()
+            api.add_node(NODE, labels={LABEL: "mps-4"})
+            kubeconfig = api.write_kubeconfig(base / "kubeconfig")
+            extra = ["--node-name", NODE, "--kubeconfig", str(kubeconfig), "--default-config", "other"]
         root = base / "mps"
         start = time.monotonic()
         proc = subprocess.Popen(
@@ -88,7 +108,8 @@ def run_case(name: str, config: str, idle: float) -> dict[str, Any]:
                 "--mps-root",
                 str(root),
                 "--config-file",
-                str(base / "config.yaml"),
+                str(config_arg),
+                *extra,
                 "--http-address",
                 "127.0.0.1",
                 "--http-port",
@@ -108,6 +129,10 @@ def run_case(name: str, config: str, idle: float) -> dict[str, Any]:
                 time.sleep(0.01)
             ready_s = time.monotonic() - start
             time.sleep(1.0)  # let the start's last work settle
+            if labelled:
+                threads = json.loads((root / ".ready").read_text())["resources"]["nvidia.com/gpu"]
+                if float(threads["activeThreadPercentage"]) != 25.0:
+                    raise RuntimeError(f"{name}: the labelled config (4 replicas) was not taken: {threads}")
             rss_ready = rss_mb(proc.pid)
             fake = daemons(root)
             cpu0, fake0, t0 = cpu_s(proc.pid), sum(cpu_s(p) for p in fake), time.monotonic()
@@ -131,6 +156,8 @@ def run_case(name: str, config: str, idle: float) -> dict[str, Any]:
             "exit_code": proc.returncode,
         }
     finally:
+        if api is not None:
+            api.__exit__(None, None, None)
         unmount_shm(base / "mps" / "shm")
         shutil.rmtree(base, ignore_errors=True)
 
@@ -153,7 +180,11 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
     args = parser.parse_args()
     idle = 15.0 if args.quick else 60.0
-    rows = [run_case("1 daemon (8 GPUs)", ONE, idle), run_case("8 daemons (1 GPU each)", EIGHT, idle)]
+    rows = [
+        run_case("1 daemon (8 GPUs)", ONE, idle),
+        run_case("8 daemons (1 GPU each)", EIGHT, idle),
+        run_case("1 daemon, node label", ONE, idle, labelled=True),
+    ]
     if args.json:
         print(json.dumps({"machine": machine_base(), "rows": rows}, indent=2))
         return 0
