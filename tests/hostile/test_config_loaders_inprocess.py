@@ -18,7 +18,7 @@ from gpunode.common.config import load_config, parse_config_text, parse_yaml, re
 from gpunode.common.errors import ConfigError, UsageError
 from helpers.hostile import INPUTS, TOKEN, kubeconfig_syntax_error
 
-QUICK = 2.0  # seconds; in process every case takes milliseconds
+QUICK = 2.0  # seconds; in process every case but the 50,000-item list takes milliseconds
 
 
 def _text(path: Path) -> str:
@@ -140,13 +140,18 @@ def test_mig_counts_beyond_any_gpu_are_refused_at_load() -> None:
     assert parse_spec(text.replace("1e23", "7"), "mig.yaml").configs["x"][0].mig_devices == {"1g.5gb": 7}
 
 
+# Parsing the 50,000-item YAML list alone takes about 1 s on these machines (a loaded CI run saw 2.2 s);
+# a duplicate check that compared every pair would take minutes. The bound tells the two apart.
+LINEAR_50K = 15.0
+
+
 def test_a_long_list_of_repeated_gpu_indices_is_checked_quickly() -> None:
     devices = ",".join(["0"] * 50_000)
     text = f"version: v1\nmig-configs:\n  x:\n  - devices: [{devices}]\n    mig-enabled: false\n"
     start = time.monotonic()
     with pytest.raises(ConfigError, match="lists GPU 0 more than once"):
         parse_spec(text, "mig.yaml")
-    assert time.monotonic() - start < QUICK
+    assert time.monotonic() - start < LINEAR_50K
 
 
 def test_thousands_of_problems_are_listed_20_then_counted() -> None:
