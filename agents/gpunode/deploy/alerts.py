@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from gpunode.nvml.xids import RESET_REQUIRED_XIDS, XIDS
+from gpunode.operator.upgrade_plan import IN_FLIGHT_STATES
 
 __all__ = [
     "ALERTS",
@@ -40,15 +41,7 @@ RUNBOOK = "https://github.com/gpunode/gpunode/blob/main/docs/alerts.md#"
 # NVIDIA's XIDs after which the GPU must be reset before it is trusted again (gpunode.nvml.xids); 79
 # (fallen off the bus) has an alert of its own, GPULost.
 FATAL_XIDS = tuple(sorted(code for code in RESET_REQUIRED_XIDS if code != 79))
-UPGRADE_IN_FLIGHT = (
-    "cordon-required",
-    "wait-for-jobs-required",
-    "pod-deletion-required",
-    "drain-required",
-    "pod-restart-required",
-    "validation-required",
-    "uncordon-required",
-)
+UPGRADE_IN_FLIGHT = IN_FLIGHT_STATES
 CLOCK_REASONS = '{__name__=~"DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"}'
 ON_GPU = "GPU {{ $labels.gpu }} ({{ $labels.modelName }}, {{ $labels.UUID }}) on {{ $labels.Hostname }}"
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gpunode.common.metrics import AgentMetrics, create_metrics
 from gpunode.kube.api import KubeError
 from gpunode.operator.labels import has_nfd_labels, is_gpu_node
+from gpunode.operator.upgrade_plan import STATE_LABEL, STATES
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram
@@ -41,19 +42,8 @@ __all__ = [
 
 AGENT = "operator"
 # NVIDIA's driver upgrade state machine: the node label and its values (the label absent: no upgrade).
-UPGRADE_STATE_LABEL = "nvidia.com/gpu-driver-upgrade-state"
-UPGRADE_STATES = (
-    "upgrade-required",
-    "cordon-required",
-    "wait-for-jobs-required",
-    "pod-deletion-required",
-    "drain-required",
-    "pod-restart-required",
-    "validation-required",
-    "uncordon-required",
-    "upgrade-done",
-    "upgrade-failed",
-)
+UPGRADE_STATE_LABEL = STATE_LABEL
+UPGRADE_STATES = STATES[1:]  # the label's values (absent or empty: no upgrade)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -164,7 +154,7 @@ class OperatorMetrics:
             f"Nodes per value of the {UPGRADE_STATE_LABEL} label (NVIDIA's driver upgrade states).",
             labels=["state"],
         )
-        by_state = dict.fromkeys(UPGRADE_STATES, 0)
+        by_state: dict[str, int] = dict.fromkeys(UPGRADE_STATES, 0)
         for node in nodes:
             value = node.labels.get(UPGRADE_STATE_LABEL)
             if value:

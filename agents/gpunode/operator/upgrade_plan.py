@@ -22,10 +22,11 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 __all__ = [
     "ACTIVE_STATES",
+    "IN_FLIGHT_STATES",
     "RETRY_ANNOTATION",
     "SKIP_LABEL",
     "STATES",
@@ -68,21 +69,10 @@ State = Literal[
     "upgrade-done",
     "upgrade-failed",
 ]
-STATES: Final[tuple[State, ...]] = (
-    "",
-    "upgrade-required",
-    "cordon-required",
-    "wait-for-jobs-required",
-    "pod-deletion-required",
-    "drain-required",
-    "pod-restart-required",
-    "validation-required",
-    "uncordon-required",
-    "upgrade-done",
-    "upgrade-failed",
-)
-# A node in one of these holds an upgrade slot (it counts against maxParallelUpgrades).
-ACTIVE_STATES: Final = frozenset(STATES[2:9])
+STATES: Final[tuple[State, ...]] = get_args(State)
+# A node in one of these holds an upgrade slot (it counts against maxParallelUpgrades), in their order.
+IN_FLIGHT_STATES: Final[tuple[State, ...]] = STATES[2:9]
+ACTIVE_STATES: Final = frozenset(IN_FLIGHT_STATES)
 
 Need = Literal["none", "restart", "upgrade", "held"]
 
