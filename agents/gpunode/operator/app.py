@@ -122,6 +122,7 @@ async def run_operator(
         )
         # the rolling driver upgrade: its own loop, under the same lease
         upgrades = UpgradeController(client, namespace=namespace, may_write=may_write)
+        labeller.listeners.append(upgrades.node_event)  # one node watch for both
         metrics.upgrades = upgrades
 
         metrics.attach(labeller, controller)
@@ -141,7 +142,7 @@ async def run_operator(
                     ),
                     name="clusterpolicy",
                 )
-                group.create_task(run_upgrades(upgrades), name="driver-upgrade")
+                group.create_task(run_upgrades(upgrades, watch_nodes_too=False), name="driver-upgrade")
         finally:
             status.leading = False
             metrics.attach(None, None)

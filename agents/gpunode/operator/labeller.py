@@ -84,6 +84,9 @@ class NodeLabeller:
     ) -> None:
         self.kube = kube
         self.on_membership = on_membership
+        # Other controllers fed from this one watch (the driver upgrade): one list of every node, and one
+        # copy of each, in the operator, however many controllers read them.
+        self.listeners: list[Callable[[NodeEvent], None]] = []
         self.policy = policy or LabelPolicy()
         self.concurrency = max(1, concurrency)
         self.retry = retry
@@ -190,6 +193,8 @@ class NodeLabeller:
                 self._forget(event.node.name)
             else:
                 self._seen(event.node)
+        for listener in self.listeners:
+            listener(event)
 
     def _seen(self, node: NodeSummary) -> None:
         """A node from the watch: cache it, and queue it when its labels or annotations changed."""

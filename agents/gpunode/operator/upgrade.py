@@ -315,6 +315,7 @@ class UpgradeController:
         self.cache.watch([DAEMON_SET, CONTROLLER_REVISION, POD])
         self.nodes: dict[str, NodeSummary] = {}
         self.nodes_synced = asyncio.Event()
+        self.wake: Callable[[], None] = lambda: None  # queues a pass (set by run_upgrades)
         self.stats = UpgradeStats()
         self.status: dict[str, Any] | None = None  # the last status.driverUpgrade written
         self.policy_name: str | None = None
@@ -332,6 +333,11 @@ class UpgradeController:
         old = self.nodes.get(node.name)
         if old is None or _newer(node.resource_version, old.resource_version):
             self.nodes[node.name] = node
+
+    def node_event(self, event: NodeEvent) -> None:
+        """A node event from another controller's watch: cached, and a pass queued."""
+        self.on_node_event(event)
+        self.wake()
 
     def on_node_event(self, event: NodeEvent) -> None:
         if event.type == "SYNC":
@@ -913,14 +919,19 @@ async def run_upgrades(
     queue: WorkQueue[str] | None = None,
     on_pass: Callable[[PassResult], None] = lambda r: None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    watch_nodes_too: bool = True,
 ) -> None:
     """Watch nodes, the ClusterPolicies and the driver's objects; a pass on every change (batched over
-    ``EVENT_BATCH_S``), while busy every second, idle every 2 minutes; failures retried with backoff."""
+    ``EVENT_BATCH_S``), while busy every second, idle every 2 minutes; failures retried with backoff.
+
+    ``watch_nodes_too=False``: the node events come from elsewhere (the operator feeds the labeller's
+    watch to :meth:`UpgradeController.node_event`), so nodes are not listed and kept twice."""
     key = "driver-upgrade"
     work: WorkQueue[str] = queue if queue is not None else WorkQueue()
     kube = controller.kube
     log = controller.log
     controller.cache.on_change = lambda: work.add(key, EVENT_BATCH_S)
+    controller.wake = lambda: work.add(key, EVENT_BATCH_S)
 
     async def watch_nodes() -> None:
         delay = 0.1
@@ -973,7 +984,8 @@ async def run_upgrades(
 
     work.add(key)
     async with asyncio.TaskGroup() as group:
-        group.create_task(watch_nodes(), name="upgrade-nodes")
+        if watch_nodes_too:
+            group.create_task(watch_nodes(), name="upgrade-nodes")
         group.create_task(watch_policies(), name="upgrade-clusterpolicies")
         group.create_task(controller.cache.run(), name="upgrade-driver-objects")
         group.create_task(worker(), name="driver-upgrade")
