@@ -26,11 +26,13 @@ The test server runs the DaemonSets: its miniature controller indexes pods by ow
 each node's share of the status counts, so a node write costs O(DaemonSets) (about 7 ms with 7
 DaemonSets); it honours list `limit`/`continue`, so the operator reads nodes a page (100) at a time.
 
-Last full run (`.venv/bin/python benchmarks/operator_bench.py`, 2026-12-01, 2 shared AMD EPYC cores at
-load average 7.6-8.0 from other work): converge 20.8 s wall, 1,000 label patches, 40 object writes (+3
-status writes); restart 0 writes; new GPU node p50 37 ms, p99 529 ms, max 879 ms, none missed; 5,000
-nodes of 14.6 KB: operator converged 30.4 s from exec, RSS 102.2 MB (high-water mark 102.2 MB), idle CPU
-0.05 % over 60 s, no writes while idle. Where the operator's memory goes: about 46 MB after imports, 62 MB
+Last full run (`.venv/bin/python benchmarks/operator_bench.py`, 2026-12-01 19:58 UTC, 2 AMD EPYC cores at
+load 0.3-0.9, the operator with its object caches and the driver upgrade controller): converge 9.8 s wall,
+1,000 label patches, 42 object writes (+4 status writes); restart 0 writes; new GPU node p99 266 ms, none
+missed; 5,000 nodes of 14.6 KB: operator converged 12.3 s from exec, RSS 116.1 MB (high-water mark
+118.7 MB), idle CPU 0.02 % over 60 s, no writes while idle. (The upgrade controller had listed and kept
+every node a second time: 130.7 MB; it now reads the labeller's watch.) Earlier, before the object caches
+and the upgrade controller, at load 7.6-8.0: converge 20.8 s, RSS 102.2 MB. Where the operator's memory goes: about 46 MB after imports, 62 MB
 once it has rendered (the renderer imports every agent's CLI module, grpc and prometheus_client
 included); the node cache of 5,000 slim nodes is about 11 MB of objects (label strings interned: 50 MB
 without); the rest is pages and watch events come and gone. Before this (one unpaginated list, labels not
