@@ -123,6 +123,8 @@ class MpsAgent:
         self.root = MpsRoot(opts.mps_root or opts.default_root)
         self.log = get_logger("gpunode.mps")
         self.metrics = create_metrics(AGENT)
+        if labelled is not None:
+            labelled.count_errors_into(self.metrics.count_error)  # gpunode_errors_total{reason=kube...}
         self.http = (
             HealthServer(self.metrics.registry, host=opts.http_host, port=opts.http_port)
             if opts.http_port is not None

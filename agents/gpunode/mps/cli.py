@@ -155,12 +155,7 @@ def _labelled(s: MpsSettings) -> LabelledConfig | None:
             f"--config-file {path} is a directory: the node label {options.node_label} chooses the "
             f"config in it, which needs the Kubernetes API: {exc}"
         ) from None
-    errors: dict[str, int] = {}
-
-    def count_error(reason: str) -> None:
-        errors[reason] = errors.get(reason, 0) + 1
-
-    return LabelledConfig(options, kube, log=get_logger("gpunode.mps"), count_error=count_error)
+    return LabelledConfig(options, kube, log=get_logger("gpunode.mps"))  # errors: the agent's counter
 
 
 SPEC = AgentSpec(

@@ -35,14 +35,20 @@ class LabelledConfig:
         kube: NodeApi,
         *,
         log: Logger,
-        count_error: Callable[[str], object],
+        count_error: Callable[[str], object] = lambda reason: None,
     ) -> None:
         self.options = options
         self.path: str | None = None
         self.log = log
+        # The agent's error counter, set once the agent has made its metrics (count_errors_into).
+        self.count_error = count_error
         self.config: LabelConfig[str | None] = LabelConfig(
-            options, self._load, kube=kube, report=False, log=log, count_error=count_error
+            options, self._load, kube=kube, report=False, log=log, count_error=lambda r: self.count_error(r)
         )
+
+    def count_errors_into(self, count_error: Callable[[str], object]) -> None:
+        """Count the label controller's errors (``kube``, ``config-selection``, ``config``) there."""
+        self.count_error = count_error
 
     @staticmethod
     def _load(path: Path | None) -> str | None:
