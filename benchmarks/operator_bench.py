@@ -32,7 +32,9 @@ load 0.3-0.9, the operator with its object caches and the driver upgrade control
 missed; 5,000 nodes of 14.6 KB: operator converged 12.3 s from exec, RSS 116.1 MB (high-water mark
 118.7 MB), idle CPU 0.02 % over 60 s, no writes while idle. (The upgrade controller had listed and kept
 every node a second time: 130.7 MB; it now reads the labeller's watch.) Earlier, before the object caches
-and the upgrade controller, at load 7.6-8.0: converge 20.8 s, RSS 102.2 MB. Where the operator's memory goes: about 46 MB after imports, 62 MB
+and the upgrade controller, at load 7.6-8.0: converge 20.8 s, RSS 102.2 MB.
+
+Where the operator's memory goes: about 46 MB after imports, 62 MB
 once it has rendered (the renderer imports every agent's CLI module, grpc and prometheus_client
 included); the node cache of 5,000 slim nodes is about 11 MB of objects (label strings interned: 50 MB
 without); the rest is pages and watch events come and gone. Before this (one unpaginated list, labels not
