@@ -281,9 +281,16 @@ def prometheus_rule(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m gpunode.deploy.alerts OUTPUT.yaml", file=sys.stderr)
+    usage = "usage: python -m gpunode.deploy.alerts OUTPUT.yaml (or - for standard output)"
+    if args in (["-h"], ["--help"]):
+        print(usage)
+        return 0
+    if len(args) != 1 or (args[0].startswith("-") and args[0] != "-"):
+        print(usage, file=sys.stderr)  # an option is never taken for a file name
         return 2
+    if args[0] == "-":
+        sys.stdout.write(rule_file_text())
+        return 0
     from gpunode.common.atomic import atomic_write
 
     atomic_write(args[0], rule_file_text().encode())

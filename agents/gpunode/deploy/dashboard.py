@@ -505,6 +505,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpunode.common.atomic import atomic_write
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["-h"], ["--help"]):
+        print("usage: python -m gpunode.deploy.dashboard [REPO_ROOT]  (writes the dashboard JSON files)")
+        return 0
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print("usage: python -m gpunode.deploy.dashboard [REPO_ROOT]", file=sys.stderr)
+        return 2
     root = Path(args[0] if args else ".")
     if not (root / "containers").is_dir():
         print(f"{root}: not the repository's root (no containers/ directory)", file=sys.stderr)
