@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,7 +41,7 @@ from gpunode.kube.cluster import (
 )
 from gpunode.operator.cache import OWNED_SELECTOR, ObjectCache
 from gpunode.operator.labels import LabelPolicy, has_nfd_labels, is_gpu_node
-from gpunode.operator.queue import WorkQueue
+from gpunode.operator.queue import WorkQueue, serve
 from gpunode.operator.readiness import (
     Readiness,
     daemonset_readiness,
@@ -505,27 +504,6 @@ async def run_controller(
                 await asyncio.sleep(delay)
                 delay = min(30.0, delay * 2)
 
-    async def worker() -> None:
-        while True:
-            key = await work.get()
-            started = time.perf_counter()
-            try:
-                result = await controller.reconcile()
-            except KubeError as exc:
-                on_pass(time.perf_counter() - started, False)
-                log.warning("reconcile_retry", error=str(exc), retry_in_s=work.retry(key))
-            except Exception:  # a bug must not stop the controller: logged, retried with backoff
-                on_pass(time.perf_counter() - started, False)
-                log.exception("reconcile_error", retry_in_s=work.retry(key))
-            else:
-                on_pass(time.perf_counter() - started, True)
-                work.forget(key)
-                if result.requeue_after is not None:
-                    work.add(key, result.requeue_after)
-                on_result(result)
-            finally:
-                work.done(key)
-
     work.add(KEY)
     async with asyncio.TaskGroup() as group:
         group.create_task(watch(CLUSTER_POLICY, None), name="watch-clusterpolicies")
@@ -533,4 +511,15 @@ async def run_controller(
             group.create_task(watch(DAEMON_SET, controller.namespace), name="watch-daemonsets")
         else:  # every owned object, DaemonSets included: hand edits and deletions queue a pass
             group.create_task(controller.cache.run(), name="owned-objects")
-        group.create_task(worker(), name="clusterpolicy-reconciler")
+        group.create_task(
+            serve(
+                work,
+                controller.reconcile,
+                log=log,
+                retry_event="reconcile_retry",
+                error_event="reconcile_error",
+                on_result=on_result,
+                on_pass=on_pass,
+            ),
+            name="clusterpolicy-reconciler",
+        )

@@ -5,7 +5,7 @@ worker holds marks it dirty, and it is queued again when the worker is done (nev
 key). :meth:`WorkQueue.retry` queues a key after a delay growing from ``base_delay`` to ``max_delay``
 (NVIDIA's controllers: 100 ms to 3 s); :meth:`WorkQueue.forget` resets it after a success. The clock
 is injectable; :meth:`WorkQueue.pop_ready` and :meth:`WorkQueue.next_due` are the pure core,
-:meth:`WorkQueue.get` waits on them.
+:meth:`WorkQueue.get` waits on them. :func:`serve` is the worker loop every reconciler runs on a queue.
 """
 
 from __future__ import annotations
@@ -14,10 +14,15 @@ import asyncio
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-__all__ = ["QueueShutDown", "WorkQueue"]
+from gpunode.kube.api import KubeError
+
+if TYPE_CHECKING:
+    from gpunode.common.logging import Logger
+
+__all__ = ["QueueShutDown", "WorkQueue", "serve"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -126,3 +131,46 @@ class WorkQueue(Generic[K]):
             if self._due.get(key) == due:
                 return
             heapq.heappop(self._heap)
+
+
+class _Pass(Protocol):
+    @property
+    def requeue_after(self) -> float | None: ...  # seconds until the next pass; None: events only
+
+
+P = TypeVar("P", bound=_Pass)
+
+
+async def serve(
+    work: WorkQueue[K],
+    reconcile: Callable[[], Awaitable[P]],
+    *,
+    log: Logger,
+    retry_event: str,
+    error_event: str,
+    on_result: Callable[[P], None] = lambda result: None,
+    on_pass: Callable[[float, bool], None] = lambda seconds, ok: None,
+) -> None:
+    """Take keys from ``work`` and reconcile, until cancelled: a success forgets the key's backoff and
+    queues it again after ``requeue_after``; a Kubernetes error (``retry_event``) or a bug
+    (``error_event``, logged with its traceback: it must not stop the controller) retries it with
+    backoff. ``on_pass(seconds, ok)`` after every pass, ``on_result`` after a successful one."""
+    while True:
+        key = await work.get()
+        started = time.perf_counter()
+        try:
+            result = await reconcile()
+        except KubeError as exc:
+            on_pass(time.perf_counter() - started, False)
+            log.warning(retry_event, error=str(exc), retry_in_s=work.retry(key))
+        except Exception:
+            on_pass(time.perf_counter() - started, False)
+            log.exception(error_event, retry_in_s=work.retry(key))
+        else:
+            on_pass(time.perf_counter() - started, True)
+            work.forget(key)
+            if result.requeue_after is not None:
+                work.add(key, result.requeue_after)
+            on_result(result)
+        finally:
+            work.done(key)

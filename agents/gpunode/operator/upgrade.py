@@ -58,7 +58,7 @@ from gpunode.kube.operands import PauseRecord, plan_restore
 from gpunode.kube.selectors import LabelSelector
 from gpunode.operator import upgrade_plan as plan
 from gpunode.operator.cache import ObjectCache
-from gpunode.operator.queue import WorkQueue
+from gpunode.operator.queue import WorkQueue, serve
 from gpunode.operator.selection import active_policy, policy_ref
 
 __all__ = [
@@ -965,27 +965,20 @@ async def run_upgrades(
             await sleep(delay)
             delay = min(30.0, delay * 2)
 
-    async def worker() -> None:
-        while True:
-            got = await work.get()
-            try:
-                result = await controller.reconcile()
-            except KubeError as exc:
-                log.warning("driver_upgrade_retry", error=str(exc), retry_in_s=work.retry(got))
-            except Exception:  # a bug must not stop the controller: logged, retried with backoff
-                log.exception("driver_upgrade_error", retry_in_s=work.retry(got))
-            else:
-                work.forget(got)
-                if result.requeue_after is not None:
-                    work.add(got, result.requeue_after)
-                on_pass(result)
-            finally:
-                work.done(got)
-
     work.add(key)
     async with asyncio.TaskGroup() as group:
         if watch_nodes_too:
             group.create_task(watch_nodes(), name="upgrade-nodes")
         group.create_task(watch_policies(), name="upgrade-clusterpolicies")
         group.create_task(controller.cache.run(), name="upgrade-driver-objects")
-        group.create_task(worker(), name="driver-upgrade")
+        group.create_task(
+            serve(
+                work,
+                controller.reconcile,
+                log=log,
+                retry_event="driver_upgrade_retry",
+                error_event="driver_upgrade_error",
+                on_result=on_pass,
+            ),
+            name="driver-upgrade",
+        )
