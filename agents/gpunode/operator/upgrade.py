@@ -14,8 +14,8 @@ nodes), and decides with :mod:`gpunode.operator.upgrade_plan`. A pass:
    can without waiting: the cordon and the state are one patch, refused if the node changed since it was
    read (an administrator's cordon is never taken for ours); GPU pods are evicted and nodes drained by
    :mod:`gpunode.kube.drain`'s rules (the driver loader's ``upgrade`` uses the same), through the
-   Eviction API, so PodDisruptionBudgets hold; the stale driver pod (and the node's validator pods) are
-   deleted; the uncordon, the operands the driver manager paused (:mod:`gpunode.kube.operands`' record,
+   Eviction API, so PodDisruptionBudgets hold; the node's validator pods, then its stale driver pod,
+   are deleted; the uncordon, the operands the driver manager paused (:mod:`gpunode.kube.operands`' record,
    restored here once its holder is gone) and the state go back in one patch;
 4. then, and only then, nodes waiting in ``upgrade-required`` are admitted within both limits
    (:func:`~gpunode.operator.upgrade_plan.admit`), so a write never raises a count past a limit;
@@ -787,16 +787,13 @@ class UpgradeController:
             self.log.info("driver_upgrade_pod_evicted", node=name, pod=pod.key, uid=pod.uid)
 
     async def _restart_driver(self, name: str, driver: _Driver | None, pods: list[PodInfo] | None) -> None:
-        """Delete the node's stale driver pod (its DaemonSet puts the newest in its place) and its
-        validator pods, which then validate the new driver."""
+        """Delete the node's validator pods, then its stale driver pod: the DaemonSets put the newest in
+        their place, and the new validators validate the new driver. Validators first: a controller
+        killed between the two deletes leaves the stale driver pod, so the next one does both again; the
+        other order would leave an old validator, Ready from the old driver, to pass validation unseen."""
         pod = driver.pod if driver is not None else None
         if pod is None or "deletionTimestamp" in _meta(pod) or not self.may_write():
             return  # gone or going: waiting for the new one
-        meta = _meta(pod)
-        await self.kube.delete_pod(str(meta.get("namespace")), str(meta.get("name")))
-        self.log.info(
-            "driver_upgrade_driver_pod_deleted", node=name, pod=f"{meta.get('namespace')}/{meta.get('name')}"
-        )
         if pods is None:
             pods = await self.kube.list_node_pods(name)
         for p in pods:
@@ -805,6 +802,11 @@ class UpgradeController:
                 and not p.deleting
             ):
                 await self.kube.delete_pod(p.namespace, p.name)
+        meta = _meta(pod)
+        await self.kube.delete_pod(str(meta.get("namespace")), str(meta.get("name")))
+        self.log.info(
+            "driver_upgrade_driver_pod_deleted", node=name, pod=f"{meta.get('namespace')}/{meta.get('name')}"
+        )
 
     async def _disable(self) -> None:
         """``autoUpgrade`` off: every state label and our annotations removed, our cordons lifted."""

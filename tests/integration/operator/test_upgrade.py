@@ -331,6 +331,25 @@ async def test_the_controller_killed_at_every_state_converges(tmp_path: Path) ->
         assert len(evictions(c)) == 6
 
 
+async def test_the_validators_go_before_the_driver_pod_so_a_failed_delete_revalidates(tmp_path: Path) -> None:
+    """The driver pod's delete fails once (a controller that died there): the validators deleted before it
+    are deleted again before the retry, so no validator older than the new driver pod passes it."""
+    up = {"autoUpgrade": True, "maxParallelUpgrades": 1, "maxUnavailable": 1}
+    async with upgrade_cluster(tmp_path, 1, up, validator=True) as c:
+        await c.until(lambda: settled(c))
+        c.api.fail_next(1, status=403, method="DELETE", path_contains=f"/pods/{DRIVER}-")  # not retried
+        set_driver_env(c.api, "DRIVER_VERSION", "580.2")
+        await c.until(lambda: all_in(c, "upgrade-done"))
+        deletes = [
+            "driver" if DRIVER in r.path else "validator"
+            for r in c.api.requests
+            if r.method == "DELETE" and "/pods/" in r.path
+        ]
+        assert deletes == ["validator", "driver", "validator", "driver"]  # the first driver delete failed
+        driver = next(p for p in c.api.pods("gpu-0000") if p["metadata"]["name"].startswith(DRIVER))
+        assert "580.2" in json.dumps(driver["spec"])
+
+
 async def test_operands_paused_for_the_upgrade_come_back(tmp_path: Path) -> None:
     """gpu-0000: the driver manager died with the operands paused (its record's lease ran out): they are
     restored with the uncordon. gpu-0001: a live pause holds the node, cordoned, until its holder is done."""
