@@ -11,8 +11,11 @@ case of every file written for NVIDIA's plugin), then 8 daemons (gpunode's exten
 per GPU), then the first case again with the config chosen by the node label (``--config-file`` naming a
 directory of named configs, ``--node-name`` and a kubeconfig for a test API server started here, the node
 labelled ``nvidia.com/device-plugin.config``): the agent then loads the Kubernetes client (lightkube,
-httpx2) and watches its node. Measured per case, with the agent's default ``--watch-interval`` (5 s) and
-its HTTP endpoint (``/healthz``, ``/readyz``, ``/metrics``) on, as the systemd unit runs it:
+httpx2) and watches its node; and last with ``--follow-device-plugin``, as the rendered DaemonSet runs
+it: the config the device plugin serves (from its own label and ConfigMap), as the plugin publishes it
+under the MPS root (written here before the start, as a running plugin has). Measured per case, with the
+agent's default ``--watch-interval`` (5 s) and its HTTP endpoint (``/healthz``, ``/readyz``, ``/metrics``)
+on, as the systemd unit runs it:
 
 1. start to ready: from the exec until ``<root>/.ready`` exists (NVML opened, the daemons started, the
    limits set through the control binary, the readiness file written);
@@ -75,9 +78,12 @@ def daemons(root: Path) -> list[int]:
     return [int(p.read_text()) for p in root.rglob("nvidia-cuda-mps-control.pid")]
 
 
-def run_case(name: str, config: str, idle: float, *, labelled: bool = False) -> dict[str, Any]:
+def run_case(
+    name: str, config: str, idle: float, *, labelled: bool = False, follow: bool = False
+) -> dict[str, Any]:
     """One agent; ``labelled``: --config-file names a directory of named configs and the node label
-    chooses one, through a test API server started here (the agent then loads the Kubernetes client)."""
+    chooses one, through a test API server started here (the agent then loads the Kubernetes client);
+    ``follow``: --follow-device-plugin, the config as the device plugin publishes it."""
     base = Path(tempfile.mkdtemp(prefix="mpsb", dir="/tmp"))
     api: FakeApiServer | None = None
     try:
@@ -97,6 +103,11 @@ def run_case(name: str, config: str, idle: float, *, labelled: bool = False) -> 
             kubeconfig = api.write_kubeconfig(base / "kubeconfig")
             extra = ["--node-name", NODE, "--kubeconfig", str(kubeconfig), "--default-config", "other"]
         root = base / "mps"
+        source = ["--config-file", str(config_arg)]
+        if follow:
+            root.mkdir()
+            (root / ".device-plugin-config.yaml").write_text(config)  # as the device plugin publishes it
+            source = ["--follow-device-plugin"]
         start = time.monotonic()
         proc = subprocess.Popen(
             [
@@ -107,8 +118,7 @@ def run_case(name: str, config: str, idle: float, *, labelled: bool = False) -> 
                 str(base / "drv"),
                 "--mps-root",
                 str(root),
-                "--config-file",
-                str(config_arg),
+                *source,
                 *extra,
                 "--http-address",
                 "127.0.0.1",
@@ -129,7 +139,7 @@ def run_case(name: str, config: str, idle: float, *, labelled: bool = False) -> 
                 time.sleep(0.01)
             ready_s = time.monotonic() - start
             time.sleep(1.0)  # let the start's last work settle
-            if labelled:
+            if labelled or follow:
                 threads = json.loads((root / ".ready").read_text())["resources"]["nvidia.com/gpu"]
                 if float(threads["activeThreadPercentage"]) != 25.0:
                     raise RuntimeError(f"{name}: the labelled config (4 replicas) was not taken: {threads}")
@@ -184,6 +194,7 @@ def main() -> int:
         run_case("1 daemon (8 GPUs)", ONE, idle),
         run_case("8 daemons (1 GPU each)", EIGHT, idle),
         run_case("1 daemon, node label", ONE, idle, labelled=True),
+        run_case("1 daemon, plugin config", ONE, idle, follow=True),
     ]
     if args.json:
         print(json.dumps({"machine": machine_base(), "rows": rows}, indent=2))

@@ -39,6 +39,7 @@ __all__ = [
     "CONTAINER_ROOT",
     "CONTROL_BINARY",
     "DEFAULT_ROOT",
+    "PLUGIN_CONFIG_FILE",
     "SHM_CONTAINER_PATH",
     "DaemonPlan",
     "MpsConfigError",
@@ -63,6 +64,8 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL_SOCKET = "control"
 READY_FILE = ".ready"
 STARTED_FILE = ".started"
+# The config the node's device plugin serves, as it published it for the MPS agent (--follow-device-plugin)
+PLUGIN_CONFIG_FILE = ".device-plugin-config.yaml"
 FULL_GPU = RESOURCE_PREFIX + "gpu"
 
 
@@ -106,6 +109,10 @@ class MpsRoot:
     @property
     def ready_file(self) -> str:
         return posixpath.join(self.path, READY_FILE)
+
+    @property
+    def plugin_config_file(self) -> str:
+        return posixpath.join(self.path, PLUGIN_CONFIG_FILE)
 
 
 # ------------------------------------------------------------------------------------------ limits

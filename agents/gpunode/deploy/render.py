@@ -994,8 +994,9 @@ class _Renderer:
             # creates its gRPC sockets beside the kubelet's and connects to kubelet.sock
             _mount("device-plugin", "/var/lib/kubelet/device-plugins"),
             _mount("driver-root", "/driver-root", read_only=True, propagation="HostToContainer"),
-            # the MPS control daemon's readiness (sharing.mps); HostToContainer: it may come later
-            _mount("mps-root", mps_root, read_only=True, propagation="HostToContainer"),
+            # the MPS control daemon's readiness (sharing.mps); HostToContainer: it may come later.
+            # Writable: the plugin publishes the config it serves there for the MPS control daemon.
+            _mount("mps-root", mps_root, propagation="HostToContainer"),
         ]
         volumes = [
             _host_volume("device-plugin", "/var/lib/kubelet/device-plugins", "Directory"),
@@ -1035,12 +1036,13 @@ class _Renderer:
         """NVIDIA's MPS control daemon DaemonSet: on nodes GFD labels ``nvidia.com/mps.capable=true``
         (``sharing.mps`` configured), with the device plugin's config, root with CAP_SETUID/CAP_SETGID (MPS
         servers run as their clients' users) and the host's PID namespace, as NVIDIA's (clients and servers
-        must see each other's processes). The config is the device plugin's ConfigMap, as a directory: the
-        node label ``nvidia.com/device-plugin.config`` chooses the file as for the device plugin, else its
-        ``devicePlugin.config.default`` (or the only file of a ConfigMap created here); watching the node
-        takes get/watch on nodes. An init container (``mps-control-daemon-mounts``, NVIDIA's) mounts the
-        ``<root>/shm`` tmpfs through a ``Bidirectional`` volume, which only a privileged container may
-        have; it exits at once, the daemon's container gets no more privilege for it (docs/mps.md)."""
+        must see each other's processes). The config is the one the node's device plugin serves, as the
+        plugin publishes it under the MPS root (``FOLLOW_DEVICE_PLUGIN``, :mod:`gpunode.mps.follow`): one
+        choice of config per node, made by the plugin from its label and ConfigMap, where NVIDIA runs a
+        second config-manager; this DaemonSet needs no ConfigMap, no API access and no RBAC. An init
+        container (``mps-control-daemon-mounts``, NVIDIA's) mounts the ``<root>/shm`` tmpfs through a
+        ``Bidirectional`` volume, which only a privileged container may have; it exits at once, the
+        daemon's container gets no more privilege for it (docs/mps.md)."""
         dp = self.s.device_plugin
         root = dp.mps.root
         env = self._base_env(agent) + self._nvml_env("compute,utility")
@@ -1057,17 +1059,8 @@ class _Renderer:
             _host_volume("driver-root", self.driver_root),
             _host_volume("run-nvidia-validations", VALIDATIONS, "DirectoryOrCreate"),
         ]
-        cm = self._config_map(agent, dp.config, "gpunode-device-plugin-config")
-        chosen = dp.config.default or (
-            next(iter(dp.config.data)) if dp.config.create and len(dp.config.data) == 1 else ""
-        )
+        env.append(_env("FOLLOW_DEVICE_PLUGIN", "true"))  # <root>/.device-plugin-config.yaml
         cluster_rules: list[Obj] = []
-        if cm is not None and chosen:
-            # the directory, as the device plugin gets it: the node label chooses (gpunode.mps.labelled)
-            env += [_env("CONFIG_FILE", "/available-configs"), _env("DEFAULT_CONFIG", chosen)]
-            mounts.append(_mount("available-configs", "/available-configs", read_only=True))
-            volumes.append({"name": "available-configs", "configMap": {"name": cm[0]}})
-            cluster_rules.append({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]})
         # the device plugin's env where it names a setting of this agent (LOG_LEVEL, MIG_STRATEGY, ...)
         known = {e for flag in flags_of(registry.spec(agent.key).settings_type) for e in flag.envs}
         main = self._container(agent, agent.command, env, [e for e in dp.env if e.name in known])

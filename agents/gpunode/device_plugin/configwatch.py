@@ -5,6 +5,10 @@ With ``--config-file`` naming a directory of named configs (a ConfigMap mount), 
 ``nvidia.com/device-plugin.config`` chooses the file (:class:`gpunode.kube.labelconfig.LabelConfig`),
 in process: changes of the label or the directory are applied live, and the outcome is written to the
 node's annotations. This replaces NVIDIA's config-manager sidecar.
+
+Each config that comes into force is also handed to ``publish`` (the MPS control daemon's copy,
+:meth:`gpunode.device_plugin.mps.MpsWatch.publish_config`): the bytes of the file in force, or None for
+the built-in defaults.
 """
 
 from __future__ import annotations
@@ -77,8 +81,10 @@ class ConfigWatch:
         config: PluginConfig | None,
         kube: Kube | None,
         log: Logger,
+        publish: Callable[[bytes | None], object] = lambda content: None,
     ) -> None:
         self.resources = resources
+        self._publish = publish
         self.config_file = config_file
         self.config_dir = config_dir
         self.load_settings = load_settings
@@ -117,6 +123,23 @@ class ConfigWatch:
             return str(d.directory / name) if name else f"{d.directory} (no file: built-in defaults)"
         return "<flags>"
 
+    def publish(self, chosen: InForce | None = None) -> None:
+        """Hand the config now in force to ``publish``: the config file's bytes, or in a directory the
+        chosen file's (``chosen``; skipped when its content is no longer the one applied: the change is
+        applied, and published, next); None without a file."""
+        content: bytes | None = None
+        try:
+            if self.config_file is not None:
+                content = self.config_file.read_bytes()
+            elif self.config_dir is not None and chosen is not None and chosen.name is not None:
+                content = (self.config_dir.directory / chosen.name).read_bytes()
+                if chosen.digest is not None and hashlib.sha256(content).hexdigest() != chosen.digest:
+                    return
+        except OSError as exc:
+            self.log.warning("mps_config_not_published", reason=f"reading the config: {exc}")
+            return
+        self._publish(content)
+
     def _rejected(self, exc: Exception) -> None:
         self.log.error("config_rejected", error=str(exc), keeping="the last good configuration")
         self.resources.base_metrics.count_error("config")
@@ -151,6 +174,7 @@ class ConfigWatch:
                 added=sorted(set(res.servers) - before),
                 removed=sorted(before - set(res.servers)),
             )
+            self.publish()
 
     async def watch_file(self) -> None:
         """``config_file`` changed (its directory is watched: a ConfigMap swaps ``..data``): reload."""
@@ -210,4 +234,5 @@ class ConfigWatch:
             added=sorted(set(res.servers) - before),
             removed=sorted(before - set(res.servers)),
         )
+        self.publish(chosen)
         return None

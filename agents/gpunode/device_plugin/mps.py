@@ -8,6 +8,11 @@ plugin's sharing settings, names the resource, its ``.started`` file exists and 
 there. When the set of ready resources changes, the resources are reconciled: an MPS resource whose
 daemon is not ready is not advertised (withdrawn if it was), and ``Allocate`` answers with the daemon's
 pipe directory, the shared memory and the per-client limits.
+
+The other way, :meth:`MpsWatch.publish_config` writes the config the plugin serves, once it is in
+force, to ``<mps root>/.device-plugin-config.yaml`` for an MPS agent run with ``--follow-device-plugin``:
+the node then has one choice of config (the plugin's, from its node label or file), and the MPS agent
+needs no Kubernetes API of its own (docs/mps.md).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 from typing import TYPE_CHECKING
 
 from gpunode.api.mps import DEFAULT_ROOT, MpsRoot, ReadyResource, ready_resources
+from gpunode.common.atomic import atomic_write
 
 if TYPE_CHECKING:
     from gpunode.common.hostpaths import HostPaths
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["MpsWatch"]
 
 DEFAULT_INTERVAL = 2.0
+NO_FILE_CONFIG = b"version: v1\n"  # what the plugin serves without a config file: the built-in defaults
 
 
 class MpsWatch:
@@ -41,6 +48,7 @@ class MpsWatch:
         self.interval = interval
         self._seen: tuple[int, int, int] | None = None  # (mtime_ns, size, inode) of the file last read
         self._document: object = None
+        self._publish_failed = ""  # the last reason publishing failed (logged once per reason)
 
     def _root(self) -> MpsRoot:
         settings = self.resources.state.settings
@@ -81,16 +89,39 @@ class MpsWatch:
         """Read the readiness now; True when the ready resources changed."""
         ready, reason = self.read()
         state = self.resources.state
-        if ready == state.mps_ready:
-            return False
-        state.mps_ready = ready
         sharing = state.settings.sharing
+        if ready == state.mps_ready and sharing == state.mps_ready_for:
+            return False
+        state.mps_ready, state.mps_ready_for = ready, sharing
         if sharing is not None and sharing.mps:
             if ready:
                 self.log.info("mps_ready", resources=sorted(ready), detail=reason or None)
             else:
                 self.log.warning("mps_not_ready", reason=reason, advertising="no MPS resources")
         return True
+
+    def publish_config(self, content: bytes | None) -> bool:
+        """The config now in force (the file's bytes; None: no file, the built-in defaults) to
+        ``<mps root>/.device-plugin-config.yaml``, atomically, only when it changed; True if written.
+        The root is made (0755, as the DaemonSets' hostPath makes it) when missing. A write that fails
+        is logged once, and the plugin serves on (the MPS agent keeps the config it has)."""
+        root = self._root()
+        try:
+            if not os.path.isdir(root.path):
+                os.makedirs(root.path, exist_ok=True)
+                os.chmod(root.path, 0o755)  # not the umask's: clients' pipe directories live under it
+            written = atomic_write(root.plugin_config_file, content or NO_FILE_CONFIG, only_if_changed=True)
+        except OSError as exc:
+            reason = f"{root.plugin_config_file}: {exc.strerror or exc}"
+            if reason != self._publish_failed:
+                self._publish_failed = reason
+                self.log.warning("mps_config_not_published", reason=reason)
+                self.resources.base_metrics.count_error("mps-config")
+            return False
+        self._publish_failed = ""
+        if written:
+            self.log.info("mps_config_published", file=root.plugin_config_file)
+        return written
 
     async def run(self) -> None:
         """Poll the readiness file; reconcile when what is ready changes."""

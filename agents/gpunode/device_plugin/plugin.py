@@ -172,6 +172,7 @@ class DevicePlugin:
             config=config,
             kube=kube,
             log=self.log,
+            publish=self.mps_watch.publish_config,
         )
 
     # -- the parts' state, where tests and benchmarks look ---------------------------------------------
@@ -264,6 +265,7 @@ class DevicePlugin:
                     raise
                 if dir_config is not None and loaded is not None:
                     dir_config.took(loaded.chosen, loaded.failure)
+                configs.publish(loaded.chosen if loaded is not None else None)
                 trim_memory()
                 # Health events are watched before the kubelet hears of any device: an XID in between
                 # would otherwise go unseen.

@@ -176,7 +176,9 @@ class Resources:
             self.state.health.forget(g.uuid for g in self.gpus)
             wanted = {r.name: r for r in built.resources if r.devices}
             if target.sharing is not None and target.sharing.mps:  # only once its MPS daemon is ready
-                ready = self.state.mps_ready or {}
+                # read for these settings only: after a config change, the daemon must say it runs with
+                # the new limits (MpsWatch reads .ready again) before a replica is advertised
+                ready = (self.state.mps_ready or {}) if self.state.mps_ready_for == target.sharing else {}
                 held = sorted(n for n, r in wanted.items() if r.shared and n not in ready)
                 for name in held:
                     del wanted[name]

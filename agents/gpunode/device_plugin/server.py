@@ -37,6 +37,8 @@ from gpunode.nvml.api import Topology
 if TYPE_CHECKING:
     from grpc.aio import ServicerContext
 
+    from gpunode.api.plugin_types import TimeSlicing
+
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 
@@ -54,6 +56,9 @@ class SharedState:
     dev_root: Path = Path("/")
     #: MPS sharing: the resources the MPS control daemon declares ready (None: not ready, or no MPS)
     mps_ready: dict[str, ReadyResource] | None = None
+    #: the sharing settings ``mps_ready`` was read for: after a config change it counts for nothing until
+    #: read again for the new settings (a daemon still running with the old limits is not ready)
+    mps_ready_for: TimeSlicing | None = None
 
     def dev_node_exists(self, container_path: str) -> bool:
         return (self.dev_root / container_path.lstrip("/")).exists()

@@ -17,6 +17,10 @@ in a loop that sleeps between checks:
 * a daemon found dead (every ``--watch-interval``) removes ``.ready`` at once (the device plugin stops
   advertising its resource) and is started again.
 
+The config file may be chosen by the node label (:class:`~gpunode.mps.labelled.LabelledConfig`) or be
+the one the node's device plugin serves and publishes (:class:`~gpunode.mps.follow.FollowedConfig`,
+``--follow-device-plugin``): either way a change plans again, and a changed plan restarts the daemons.
+
 Every daemon's ``control.log`` is followed (:class:`~gpunode.mps.logtail.LogTail`, every
 ``--log-interval``) and each new line logged as ``mps_control_log``.
 
@@ -42,6 +46,7 @@ from gpunode.common.logging import get_logger
 from gpunode.common.metrics import create_metrics
 from gpunode.common.runtime import on_sighup, trim_memory
 from gpunode.mps.daemon import ControlDaemon, MpsCommandError, find_control_binary
+from gpunode.mps.follow import FollowedConfig
 from gpunode.mps.labelled import LabelledConfig
 from gpunode.mps.logtail import LogTail
 from gpunode.mps.shm import mount_shm
@@ -112,12 +117,13 @@ class MpsAgent:
         opts: MpsOptions,
         planner: Callable[[], Awaitable[Plan]],
         compute_mode: SetComputeMode | None = None,
-        labelled: LabelledConfig | None = None,
+        labelled: LabelledConfig | FollowedConfig | None = None,
     ) -> None:
         self.opts = opts
         self.planner = planner
         self.compute_mode = compute_mode
-        self.labelled = labelled  # a config directory: the node label chooses the file
+        # where the config file comes from when it may change: the node label, or the device plugin
+        self.labelled = labelled
         self.tails: dict[str, LogTail] = {}  # resource -> its control.log
         self.shm_checked = False
         self.root = MpsRoot(opts.mps_root or opts.default_root)
@@ -125,6 +131,8 @@ class MpsAgent:
         self.metrics = create_metrics(AGENT)
         if labelled is not None:
             labelled.count_errors_into(self.metrics.count_error)  # gpunode_errors_total{reason=kube...}
+        if isinstance(labelled, FollowedConfig):
+            labelled.waiting = self._unready  # /readyz says what it waits for
         self.http = (
             HealthServer(self.metrics.registry, host=opts.http_host, port=opts.http_port)
             if opts.http_port is not None
@@ -391,7 +399,7 @@ class MpsAgent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), delay)
 
-    async def _follow_label(self, labelled: LabelledConfig) -> None:
+    async def _follow_label(self, labelled: LabelledConfig | FollowedConfig) -> None:
         await self.planned.wait()  # the first plan (made with the first choice) comes first
         await labelled.follow(self.replan)
 

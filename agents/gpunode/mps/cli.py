@@ -13,6 +13,7 @@ from gpunode.api.mps import DEFAULT_ROOT
 from gpunode.common.errors import UsageError
 from gpunode.mps.agent import ComputeModeFailed, MpsAgent, MpsOptions, Plan, PlanFailed
 from gpunode.mps.computemode import EXIT_NO_PERMISSION
+from gpunode.mps.follow import FollowedConfig
 from gpunode.mps.labelled import LabelledConfig
 from gpunode.mps.settings import MpsSettings
 
@@ -132,10 +133,21 @@ def start(ctx: AgentContext[MpsSettings]) -> Started | int:
     return Started(MpsAgent(opts, planner, compute_mode, labelled).run())
 
 
-def _labelled(s: MpsSettings) -> LabelledConfig | None:
-    """With ``--config-file`` naming a directory: the node label chooses the file (the device plugin's
-    way; it needs the Kubernetes API, whose client is imported only then)."""
+def _labelled(s: MpsSettings) -> LabelledConfig | FollowedConfig | None:
+    """With ``--follow-device-plugin``: the config the device plugin publishes. With ``--config-file``
+    naming a directory: the node label chooses the file (the device plugin's way; it needs the
+    Kubernetes API, whose client is imported only then)."""
     path = s.common.config_file
+    if s.follow_device_plugin:
+        if path:
+            raise UsageError(
+                f"--follow-device-plugin takes the device plugin's config, and --config-file {path} names "
+                "another: give one of them (CONFIG_FILE / FOLLOW_DEVICE_PLUGIN)"
+            )
+        from gpunode.api.mps import MpsRoot
+        from gpunode.common.logging import get_logger
+
+        return FollowedConfig(Path(MpsRoot(s.mps_root).plugin_config_file), log=get_logger("gpunode.mps"))
     if not path or not Path(path).is_dir():
         return None
     from gpunode.common.logging import get_logger

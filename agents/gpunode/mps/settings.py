@@ -4,7 +4,9 @@ The config file (``--config-file`` / ``CONFIG_FILE``) is the device plugin's ``v
 ``sharing.mps`` says what to share, ``flags.migStrategy`` and ``flags.mpsRoot`` may set the flags below.
 A directory there holds named configs, as for the device plugin: the node label
 ``nvidia.com/device-plugin.config`` chooses one (``--default-config`` / ``DEFAULT_CONFIG`` and the
-fallbacks otherwise), through the device plugin's own code (:mod:`gpunode.kube.labelconfig`).
+fallbacks otherwise), through the device plugin's own code (:mod:`gpunode.kube.labelconfig`). With
+``--follow-device-plugin`` the config is the one the node's device plugin serves, as it publishes it under
+the MPS root (:mod:`gpunode.mps.follow`): no config file, no Kubernetes API.
 """
 
 from __future__ import annotations
@@ -46,6 +48,15 @@ class MpsSettings:
         metavar="DIR",
         file_key="flags.mpsRoot",
         help="where the per-resource pipe and log directories, shm and .ready live",
+    )
+    follow_device_plugin: bool = setting(
+        "--follow-device-plugin",
+        env="FOLLOW_DEVICE_PLUGIN",
+        type=bool,
+        default=False,
+        help="take the config the node's device plugin serves, as it publishes it at "
+        "<mps-root>/.device-plugin-config.yaml (waits for it; plans again when it changes), instead of "
+        "--config-file: one choice of config per node, no Kubernetes API for this agent",
     )
     watch_interval: float = setting(
         "--watch-interval",

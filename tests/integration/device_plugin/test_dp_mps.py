@@ -38,16 +38,18 @@ def short() -> Iterator[Path]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-StartAgent = Callable[[], Coroutine[Any, Any, asyncio.subprocess.Process]]
+StartAgent = Callable[..., Coroutine[Any, Any, asyncio.subprocess.Process]]
 
 
 @pytest.fixture
 async def mps_agent(tmp_path: Path, short: Path) -> AsyncIterator[StartAgent]:
     procs: list[asyncio.subprocess.Process] = []
 
-    async def start() -> asyncio.subprocess.Process:
+    async def start(*, follow: bool = False) -> asyncio.subprocess.Process:
+        """``follow``: --follow-device-plugin (the config the plugin publishes), else a config file."""
         mps_control.install(short / "drv")
         (tmp_path / "mps.yaml").write_text(CONFIG)
+        config = ["--follow-device-plugin"] if follow else ["--config-file", str(tmp_path / "mps.yaml")]
         p = await asyncio.create_subprocess_exec(
             AGENT,
             "--sim-state",
@@ -56,8 +58,7 @@ async def mps_agent(tmp_path: Path, short: Path) -> AsyncIterator[StartAgent]:
             str(short / "drv"),
             "--mps-root",
             str(short / "host/run/nvidia/mps"),  # the host's /run/nvidia/mps as the plugin sees it
-            "--config-file",
-            str(tmp_path / "mps.yaml"),
+            *config,
             "--watch-interval",
             "0.1",
             "--http-port",
@@ -118,3 +119,38 @@ async def test_mps_replicas_wait_for_the_daemon_and_allocate_as_nvidia(
     agent.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(agent.wait(), 20) == 0
     await kubelet.wait_for(lambda: not kubelet.healthy(GPU), timeout=10)
+
+
+async def test_the_daemon_follows_the_config_the_plugin_serves(
+    start_plugin: Starter, kubelet: FakeKubelet, mps_agent: StartAgent, short: Path, tmp_path: Path
+) -> None:
+    """--follow-device-plugin: the agent waits for the plugin's published config, and a new config the
+    plugin takes (its file edited) restarts the daemons with the new limits: the replicas follow."""
+    root = short / "host/run/nvidia/mps"
+    agent = await mps_agent(follow=True)  # first: it waits, not ready, nothing published yet
+    await until(lambda: root.is_dir(), timeout=20)
+    await asyncio.sleep(0.5)
+    assert not (root / ".ready").exists()
+    assert agent.returncode is None
+
+    running = await start_plugin("dgx-a100", config=CONFIG, wait=None, host=HostPaths(root=short / "host"))
+    published = root / ".device-plugin-config.yaml"
+    await until(published.exists, timeout=20)  # once its config is in force
+    assert published.read_text() == CONFIG
+    assert oct(published.stat().st_mode & 0o777) == "0o644"
+    await kubelet.wait_registered(GPU, timeout=30)
+    await kubelet.wait_for(lambda: len(kubelet.healthy(GPU)) == 32, timeout=20)  # 8 GPUs x 4 replicas
+
+    # the plugin's file changes: it reloads and publishes; the daemons restart with 2 replicas' limits
+    two = CONFIG.replace("replicas: 4", "replicas: 2")
+    (tmp_path / "config" / "config.yaml").write_text(two)
+    await until(lambda: published.exists() and published.read_text() == two, timeout=20)
+    await kubelet.wait_for(lambda: len(kubelet.healthy(GPU)) == 16, timeout=30)
+    resp = (await kubelet.allocate(GPU, [sorted(kubelet.healthy(GPU))[0]])).container_responses[0]
+    assert dict(resp.envs)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+
+    # a restarted plugin with the same config rewrites nothing (the daemons are left alone)
+    before = published.stat().st_mtime_ns
+    assert running.plugin.mps_watch.publish_config(two.encode()) is False
+    assert published.stat().st_mtime_ns == before
+    assert agent.returncode is None

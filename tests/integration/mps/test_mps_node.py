@@ -296,6 +296,44 @@ def test_node_label_chooses_the_config_as_for_the_device_plugin(
     assert control(root, "get_default_active_thread_percentage") == "20.0"
 
 
+# ------------------------------------------------------------------------- the device plugin's config
+def publish(root: Path, text: str) -> None:
+    """As the device plugin publishes the config it serves: atomically (a rename)."""
+    tmp = root / ".device-plugin-config.yaml.tmp"
+    tmp.write_text(text)
+    tmp.rename(root / ".device-plugin-config.yaml")
+
+
+def test_following_the_device_plugin_waits_for_its_config_then_follows_it(agent: Start, short: Path) -> None:
+    root = short / "mps"
+    p, log = agent("--follow-device-plugin", "--shm-size", "")
+    log.wait_for("mps_waiting_for_device_plugin", timeout=30)
+    assert not (root / ".ready").exists()
+    publish(root, mps_config(4))
+    wait_until(lambda: ready_threads(root) == 25, timeout=30)
+    assert log.events("config_selected")[0]["source"] == "device-plugin"
+    # the plugin takes another config: planned again, the daemon restarted with its limits
+    publish(root, mps_config(2))
+    wait_until(lambda: ready_threads(root) == 50, timeout=30)
+    assert control(root, "get_default_active_thread_percentage") == "50.0"
+    # one the planning step refuses (the plugin refuses it too): the daemons stay as they are
+    publish(root, mps_config(49))
+    log.wait_for("config_rejected", timeout=30)
+    assert ready_threads(root) == 50
+    # the built-in defaults (no sharing): the daemons stop, nothing to share
+    publish(root, "version: v1\n")
+    log.wait_for("mps_not_configured", timeout=30)
+    assert p.poll() is None
+
+
+def test_following_the_device_plugin_and_a_config_file_is_refused(agent: Start) -> None:
+    p, log = agent("--follow-device-plugin", config=mps_config(4))
+    assert p.wait(30) == 2
+    text = log.text()
+    assert "--follow-device-plugin" in text
+    assert "--config-file" in text
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_mount_shm_alone_as_the_init_container_runs_it(short: Path) -> None:
     root = short / "mps"

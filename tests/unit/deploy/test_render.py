@@ -35,7 +35,6 @@ RBAC = {
     "gpunode-mig-manager": {
         "ClusterRole": [("", "nodes", ["get", "watch", "patch"]), ("", "pods", ["list"])]
     },
-    "gpunode-mps-control-daemon": {"ClusterRole": [("", "nodes", ["get", "watch"])]},
     "gpunode-driver-loader": {
         "ClusterRole": [
             ("", "nodes", ["get", "watch", "patch"]),
@@ -251,8 +250,6 @@ def test_rbac_exactly_as_documented(name: str) -> None:
             found.setdefault(o["metadata"]["name"], {})[o["kind"]] = rules
     expected = {k: dict(v) for k, v in RBAC.items()}
     dp_config = policy.spec.device_plugin.config
-    if not (dp_config.name and (dp_config.default or (dp_config.create and len(dp_config.data) == 1))):
-        expected.pop("gpunode-mps-control-daemon")  # no config directory to choose from by label
     if not dp_config.name:
         expected.pop("gpunode-device-plugin")
         expected["gpunode-feature-discovery"].pop("ClusterRole")
@@ -286,6 +283,7 @@ WRITABLE = {
     ("gpunode-mig-manager", "mig-manager", "/sys"): "GPU reset after a MIG mode change",
     ("gpunode-mig-manager", "mig-manager", "/var/lib/gpunode/mig"): "the apply journal",
     ("gpunode-mps-control-daemon", "mps-control-daemon", "/run/nvidia/mps"): "pipe/log dirs, .ready",
+    ("gpunode-device-plugin", "device-plugin", "/run/nvidia/mps"): "publishes its config for the MPS agent",
     ("gpunode-mps-control-daemon", "mps-control-daemon", "/dev/shm"): "MPS shared memory (<root>/shm)",
     (
         "gpunode-mps-control-daemon",

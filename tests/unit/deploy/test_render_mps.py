@@ -1,5 +1,5 @@
 """The MPS control daemon in a render: NVIDIA's DaemonSet (device plugin operand, mps.capable nodes), the MPS
-root from ``devicePlugin.mps.root`` in both DaemonSets, the device plugin's config."""
+root from ``devicePlugin.mps.root`` in both DaemonSets, the config the device plugin publishes."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def test_the_daemonset_is_nvidias() -> None:
     assert main["securityContext"]["privileged"] is True
     assert main["securityContext"]["runAsUser"] == 0
     assert env(pod)["MPS_ROOT"] == "/run/nvidia/mps"
-    assert "CONFIG_FILE" not in env(pod)  # no config: nothing to share, the daemon waits
+    assert "CONFIG_FILE" not in env(pod)  # the device plugin's config, as it publishes it
+    assert env(pod)["FOLLOW_DEVICE_PLUGIN"] == "true"
     mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
     assert not mounts["/run/nvidia/mps"].get("readOnly")
     assert not mounts["/dev/shm"].get("readOnly")
@@ -54,7 +55,7 @@ def test_the_daemonset_is_nvidias() -> None:
     assert hosts["mps-shm"] == "/run/nvidia/mps/shm"
 
 
-def test_the_root_and_the_config_reach_both_daemonsets() -> None:
+def test_the_root_reaches_both_daemonsets_and_the_daemon_follows_the_plugins_config() -> None:
     got = pods(
         "    mps: {root: /var/run/mps/}\n"
         "    config:\n      create: true\n      name: dp-config\n"
@@ -62,17 +63,27 @@ def test_the_root_and_the_config_reach_both_daemonsets() -> None:
     )
     mps, plugin = got["gpunode-mps-control-daemon"], got["gpunode-device-plugin"]
     assert env(mps)["MPS_ROOT"] == env(plugin)["MPS_ROOT"] == "/var/run/mps"
-    # the ConfigMap as a directory, as the device plugin gets it: the node label chooses, else this file
-    assert env(mps)["CONFIG_FILE"] == "/available-configs"
-    assert env(mps)["DEFAULT_CONFIG"] == "sharing.yaml"
+    # the config the plugin serves (its label and ConfigMap), as it publishes it under the root
+    assert env(mps)["FOLLOW_DEVICE_PLUGIN"] == "true"
+    assert "CONFIG_FILE" not in env(mps)
+    assert not [v for v in mps["volumes"] if "configMap" in v]
+    assert mps.get("automountServiceAccountToken") is not True
     plugin_mounts = {m["mountPath"]: m for m in plugin["containers"][0]["volumeMounts"]}
-    assert plugin_mounts["/var/run/mps"]["readOnly"] is True  # reads .ready only
+    assert not plugin_mounts["/var/run/mps"].get("readOnly")  # reads .ready, writes its config
 
 
-def test_the_default_config_is_the_daemons() -> None:
-    got = pods("    config: {name: existing, default: mps}")
-    assert env(got["gpunode-mps-control-daemon"])["CONFIG_FILE"] == "/available-configs"
-    assert env(got["gpunode-mps-control-daemon"])["DEFAULT_CONFIG"] == "mps"
+def test_the_daemon_takes_no_api_access_whatever_the_config() -> None:
+    for config in ("    config: {name: existing, default: mps}", "    enabled: true"):
+        policy = parse_policy_text(POLICY.format(device_plugin=config), "policy.yaml").policy
+        objs = render(policy)
+        roles = [o for o in objs if o["kind"] in ("ClusterRole", "Role")]
+        assert "gpunode-mps-control-daemon" not in {r["metadata"]["name"] for r in roles}
+        sa = next(
+            o
+            for o in objs
+            if o["kind"] == "ServiceAccount" and o["metadata"]["name"] == "gpunode-mps-control-daemon"
+        )
+        assert sa["automountServiceAccountToken"] is False
 
 
 def test_the_shm_tmpfs_is_mounted_by_an_init_container_alone() -> None:
