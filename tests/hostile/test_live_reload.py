@@ -145,6 +145,7 @@ def test_device_plugin_survives_hostile_reloads_and_takes_the_next_good_one(
     assert psutil.Process(proc.pid).memory_info().rss < 200 << 20
     swap(cfg, sliced(3).encode())  # and a good file still applies afterwards
     wait_until(lambda: healthy_devices(port) == 12, timeout=10)
+    log.wait_for("config_reloaded", reloads + 1, timeout=10)  # logged just after the new devices
     assert log.count("config_reloaded") == reloads + 1
     proc.send_signal(signal.SIGHUP)  # SIGHUP re-reads it too
     log.wait_for("config_reloaded", reloads + 2, timeout=10)

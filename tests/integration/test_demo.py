@@ -101,7 +101,7 @@ def test_demo_runs_by_itself_and_cleans_up(gpunode_cmd: list[str]) -> None:
     assert re.search(r"^CHECK\s+STATUS\s+DETAIL", doctor, re.MULTILINE)  # the doctor table
     assert re.search(r"^mig\s+OK", doctor, re.MULTILINE)
     assert re.search(r"^cdi\s+OK", doctor, re.MULTILINE)
-    assert re.search(r"^xid\s+FAIL\s+XID 79 on GPU 3", doctor, re.MULTILINE)
+    assert re.search(r"^xid\s+FAIL\s+XID 79 on GPU 3", doctor, re.MULTILINE), doctor
     assert "gpunode-device-plugin stopped (exit code 0)" in out
     assert "gpunode-exporter stopped (exit code 0)" in out
 
