@@ -2,7 +2,9 @@
 
 In apply order: the ClusterPolicy CRD (:mod:`gpunode.api.clusterpolicy_crd`), the namespace
 (Pod Security ``enforce=privileged``), the operator's ServiceAccount, RBAC and Deployment, NFD (with
-``spec.nfd.enabled``), and the ClusterPolicy itself. The operator then renders and applies the agents.
+``spec.nfd.enabled``), and the ClusterPolicy in the ConfigMap ``gpunode-operator-clusterpolicy``: kubectl
+cannot create a ClusterPolicy in the apply that creates its CRD, so the operator applies it once the CRD
+serves (:mod:`gpunode.operator.seed`). The operator then renders and applies the agents.
 
 The operator's RBAC is least privilege, derived from what the render code can produce for any policy
 (:func:`operator_rules`): full control of the object kinds it renders, the rules it grants the agents and
@@ -22,6 +24,7 @@ from gpunode.api.clusterpolicy import ClusterPolicy, parse_policy_text
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.deploy.nfd import render_nfd
 from gpunode.deploy.render import image_for, namespace_object, render
+from gpunode.operator.seed import seed_configmap
 
 __all__ = [
     "CONSOLE_SCRIPT",
@@ -132,7 +135,12 @@ def operator_rules(namespace: str) -> tuple[list[Obj], list[Obj]]:
         elif kind == "Role":
             granted_ns.extend(o["rules"])
     cluster: list[Obj] = [
-        {"apiGroups": ["nvidia.com"], "resources": ["clusterpolicies"], "verbs": ["get", "list", "watch"]},
+        # create/patch: the install's policy, applied from its ConfigMap (gpunode.operator.seed)
+        {
+            "apiGroups": ["nvidia.com"],
+            "resources": ["clusterpolicies"],
+            "verbs": ["get", "list", "watch", "create", "patch"],
+        },
         {
             "apiGroups": ["nvidia.com"],
             "resources": ["clusterpolicies/status"],
@@ -273,12 +281,13 @@ def render_operator_by_part(
     image: str | None = None,
     nfd_image: str | None = None,
 ) -> dict[str, list[Obj]]:
-    """``{"crds", "operator", "nfd", "clusterpolicy"}`` in apply order (``nfd`` empty without NFD)."""
+    """``{"crds", "operator", "nfd", "clusterpolicy"}`` in apply order (``nfd`` empty without NFD); the
+    last is the ConfigMap the operator applies the policy from (one ``kubectl apply`` works)."""
     return {
         "crds": clusterpolicy_crds(),
         "operator": [namespace_object(namespace), *_operator(policy, namespace, image_for(policy, image))],
         "nfd": render_nfd(policy, namespace=namespace, image=nfd_image),
-        "clusterpolicy": [clusterpolicy_object(policy)],
+        "clusterpolicy": [seed_configmap(clusterpolicy_object(policy), namespace, _labels())],
     }
 
 

@@ -58,6 +58,7 @@ class ResourceKind:
 
 CLUSTER_POLICY = ResourceKind("nvidia.com", "v1", "ClusterPolicy", "clusterpolicies", False)
 DAEMON_SET = ResourceKind("apps", "v1", "DaemonSet", "daemonsets", True)
+CONFIG_MAP = ResourceKind("", "v1", "ConfigMap", "configmaps", True)
 CONTROLLER_REVISION = ResourceKind("apps", "v1", "ControllerRevision", "controllerrevisions", True)
 POD = ResourceKind("", "v1", "Pod", "pods", True)
 LEASE = ResourceKind("coordination.k8s.io", "v1", "Lease", "leases", True)

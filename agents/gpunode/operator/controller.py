@@ -33,6 +33,7 @@ from gpunode.common.logging import get_logger
 from gpunode.kube.api import KubeError, KubeNotFound, KubeUnavailable
 from gpunode.kube.cluster import (
     CLUSTER_POLICY,
+    CONFIG_MAP,
     DAEMON_SET,
     NodeSummary,
     ObjectEvent,
@@ -49,6 +50,7 @@ from gpunode.operator.readiness import (
     newest_revision_hash,
     pod_view,
 )
+from gpunode.operator.seed import SEED_ANNOTATION, SEED_FIELD_MANAGER, SEED_NAME, SeedError, parse_seed
 from gpunode.operator.selection import (
     HASH_ANNOTATION,
     active_policy,
@@ -259,10 +261,13 @@ class ClusterPolicyController:
         self._baseline: dict[ObjectKey, tuple[str, str]] = {}
         self._kinds: set[ResourceKind] = {RUNTIME_CLASS}  # every kind rendered (or applied) so far
         self._kept: set[ObjectKey] = set()  # not ours: left alone (logged once)
+        self._seeded: str | None = None  # the install ConfigMap's digest once its policy is in place
+        self._seed_error: str | None = None  # what was wrong with it (logged once)
         self.log = get_logger("gpunode.operator.controller")
 
     async def reconcile(self) -> ReconcileResult:
         result = ReconcileResult()
+        await self._apply_seed(result)
         policies, _ = await self.kube.list_objects(CLUSTER_POLICY)
         by_name = {str((p.get("metadata") or {}).get("name")): p for p in policies}
         active = active_policy(policy_ref(p) for p in policies)
@@ -337,6 +342,38 @@ class ClusterPolicyController:
         return result
 
     # -- pieces ----------------------------------------------------------------------------------------
+    async def _apply_seed(self, result: ReconcileResult) -> None:
+        """The install's ClusterPolicy (:mod:`gpunode.operator.seed`): applied when missing or when the
+        install's ConfigMap changed; a KubeError (the CRD not served yet) retries the pass."""
+        key = ObjectKey("v1", "ConfigMap", self.namespace, SEED_NAME)
+        if self.cache is not None:
+            self.cache.watch([CONFIG_MAP])  # a new render applied queues a pass
+        configmap = await self._live(key)
+        if configmap is None or not self.may_write():
+            return
+        try:
+            seed = parse_seed(configmap)
+        except SeedError as exc:
+            if self._seed_error != str(exc):
+                self._seed_error = str(exc)
+                self.log.error("clusterpolicy_seed_invalid", configmap=str(key), error=str(exc))
+            return
+        self._seed_error = None
+        if seed is None or seed[1] == self._seeded:
+            return
+        policy, digest = seed
+        name = policy["metadata"]["name"]
+        live = await self.kube.get_object(CLUSTER_POLICY, name)
+        found = ((live or {}).get("metadata") or {}).get("annotations") or {}
+        if live is None or found.get(SEED_ANNOTATION) != digest:
+            self._check_leader()
+            await self.kube.apply(policy, force=True, field_manager=SEED_FIELD_MANAGER)
+            result.applied.append(f"ClusterPolicy {name}")
+            self.log.info(
+                "clusterpolicy_applied_from_install", policy=name, created=live is None, digest=digest
+            )
+        self._seeded = digest
+
     async def _node_counts(self) -> tuple[int, int]:
         labels = self.nodes()
         if labels is None:

@@ -20,6 +20,7 @@ from gpunode.deploy.operator_install import (
 )
 from gpunode.deploy.render import dump_yaml, render
 from gpunode.deploy.render_cli import main
+from gpunode.operator.seed import parse_seed
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICIES = ROOT / "containers" / "policies"
@@ -79,11 +80,24 @@ def test_the_operator_deployment() -> None:
 
 
 def test_the_cluster_policy_is_the_one_given() -> None:
+    """Carried in the ConfigMap the operator applies it from (kubectl cannot create it in the apply that
+    creates its CRD): the policy as written, and its digest as the annotation the operator records."""
     parts = _install()
-    (cp,) = parts["clusterpolicy"]
+    (cm,) = parts["clusterpolicy"]
+    assert (cm["kind"], cm["metadata"]["name"], cm["metadata"]["namespace"]) == (
+        "ConfigMap",
+        "gpunode-operator-clusterpolicy",
+        "gpunode",
+    )
+    cp, digest = parse_seed(cm) or ({}, "")
+    assert cp["metadata"]["annotations"].pop("gpunode.io/install-digest") == digest
+    if not cp["metadata"]["annotations"]:
+        del cp["metadata"]["annotations"]
     assert cp == yaml.safe_load(DEFAULT.read_text())
     policy = parse_policy_text("apiVersion: nvidia.com/v1\nkind: ClusterPolicy\n", "p").policy
-    (bare,) = render_operator_by_part(policy)["clusterpolicy"]
+    (bare_cm,) = render_operator_by_part(policy)["clusterpolicy"]
+    bare, _ = parse_seed(bare_cm) or ({}, "")
+    del bare["metadata"]["annotations"]
     assert bare == {
         "apiVersion": "nvidia.com/v1",
         "kind": "ClusterPolicy",
@@ -154,7 +168,7 @@ def test_cli_operator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["--policy", str(DEFAULT), "--operator"]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert docs == render_operator(load_policy(DEFAULT).policy)
-    assert docs[-1]["kind"] == "ClusterPolicy"
+    assert parse_seed(docs[-1]) is not None  # the policy, in the operator's ConfigMap
     out = tmp_path / "out"
     assert main(["--policy", str(DEFAULT), "--operator", "-o", str(out)]) == 0
     expected = [f"{i}-{p}.yaml" for i, (p, objs) in enumerate(_install().items(), 1) if objs]
@@ -173,7 +187,7 @@ def test_cli_operator_alone_installs_the_gpu_operators_defaults(
     assert main(["--operator"]) == 0
     alone = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
     assert alone == render_operator(load_policy(empty).policy)
-    assert alone[-1]["metadata"]["name"] == "cluster-policy"
+    assert (parse_seed(alone[-1]) or ({}, ""))[0]["metadata"]["name"] == "cluster-policy"
     assert main(["--operator", "--images"]) == 0
     assert "registry.k8s.io/nfd/node-feature-discovery:v0.17.4" in capsys.readouterr().out.splitlines()
     assert main([]) == 2  # without --operator a policy or values file is still required
