@@ -7,6 +7,7 @@ NVIDIA's agents serve with these files, and so must these.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from gpunode.sim import nvml as sim
+from helpers.waiting import EventLog
 
 BIN = Path(sys.executable).parent
 FD = str(BIN / "gpunode-feature-discovery")
@@ -144,15 +146,21 @@ def test_device_plugin_serves_with_nvidias_file(node: Path, tmp_path: Path) -> N
             "-1",
         ],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "LOG_FORMAT": "json"},
     )
+    assert proc.stdout is not None
+    log = EventLog(proc.stdout)
     try:
         wait_for(sockets / "nvidia-gpu.sock")  # NVIDIA's resource name, not nvidia.com/gpu-shared
+        log.wait_for("resources", timeout=20)  # logged once every server is up (after the sockets)
     finally:
-        code, err = stop(proc)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(20)
+    err = log.text()
     assert code == 0, err
-    assert "advertised={'nvidia.com/gpu': 24}" in err or '"nvidia.com/gpu": 24' in err, err
+    assert log.events("resources")[-1]["advertised"] == {"nvidia.com/gpu": 24}, err
     assert not (sockets / "nvidia-gpu-shared.sock").exists()
     shutil.rmtree(root)
     assert "Customizing the 'devices' field in sharing.timeSlicing.resources is not yet supported" in err

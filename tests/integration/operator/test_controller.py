@@ -411,7 +411,7 @@ async def test_the_running_loop_puts_drift_right_on_the_watch_event(tmp_path: Pa
                     and c.api.get("Service", "gpunode-exporter", NS) is not None
                 )
 
-            await until(lambda: fixed() and len(results) > passes and quiet(), 10)
+            await until(lambda: fixed() and len(results) > passes and quiet(), 30)
             written = [k for r in results[passes:] for k in r.applied]
             assert sorted(written) == [f"DaemonSet {NS}/gpunode-exporter", f"Service {NS}/gpunode-exporter"]
         finally:

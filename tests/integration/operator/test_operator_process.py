@@ -223,7 +223,7 @@ def test_leader_failover_the_standby_takes_over_and_never_wrote_before(tmp_path:
                 return bool(obj and (obj.get("status") or {}).get("state") == "ready")
 
             wait_until(ready, 30)
-            wait_until(lambda: b.poll() is None and len(logs["b"].read_bytes()) > 0, 10)
+            wait_until(lambda: b.poll() is None and len(logs["b"].read_bytes()) > 0, 30)
             assert holder() == "a"
             # the standby wrote nothing: no pass, no node label, no status
             assert _events(logs["b"], "reconciled") == []
@@ -231,8 +231,8 @@ def test_leader_failover_the_standby_takes_over_and_never_wrote_before(tmp_path:
             assert _events(logs["a"], "node_labelled")  # the leader labelled gpu-0
             a.kill()  # no release: b must wait for the lease to expire
             a.wait(10)
-            wait_until(lambda: holder() == "b", 15)
-            wait_until(lambda: bool(_events(logs["b"], "reconciled")), 15)
+            wait_until(lambda: holder() == "b", 30)
+            wait_until(lambda: bool(_events(logs["b"], "reconciled")), 30)
             assert ready()
             assert b.poll() is None, logs["b"].read_text()[-3000:]
         finally:
