@@ -9,8 +9,8 @@ agent needs neither the Kubernetes API nor RBAC on nodes, nor the client's memor
 
 The interface is :class:`gpunode.mps.labelled.LabelledConfig`'s: ``path`` for the planning child,
 ``first()`` before the first plan (here: wait until the plugin has published), ``follow(replan)`` after.
-A published file the planning step refuses leaves the daemons as they are (``config_rejected``); the
-plugin refuses it too, as the same code checks it there first.
+A published file the planning step refuses leaves the daemons as they are (``config_rejected``); a
+config the plugin refuses is never published (it never comes into force there).
 """
 
 from __future__ import annotations
