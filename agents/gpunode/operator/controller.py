@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from gpunode.common.errors import ConfigError
 from gpunode.common.logging import get_logger
-from gpunode.kube.api import KubeError, KubeNotFound, KubeUnavailable
+from gpunode.kube.api import KubeConflict, KubeError, KubeNotFound, KubeUnavailable
 from gpunode.kube.cluster import (
     CLUSTER_POLICY,
     CONFIG_MAP,
@@ -367,7 +367,14 @@ class ClusterPolicyController:
         found = ((live or {}).get("metadata") or {}).get("annotations") or {}
         if live is None or found.get(SEED_ANNOTATION) != digest:
             self._check_leader()
-            await self.kube.apply(policy, force=True, field_manager=SEED_FIELD_MANAGER)
+            try:
+                await self.kube.apply(policy, force=True, field_manager=SEED_FIELD_MANAGER)
+            except (KubeNotFound, KubeUnavailable, KubeConflict):
+                raise  # the CRD not served yet, the API away, a race: the pass is retried
+            except KubeError as exc:  # refused (invalid, forbidden): said once; the cluster's policies serve
+                self._seeded = digest
+                self.log.error("clusterpolicy_seed_refused", policy=name, error=str(exc))
+                return
             result.applied.append(f"ClusterPolicy {name}")
             self.log.info(
                 "clusterpolicy_applied_from_install", policy=name, created=live is None, digest=digest

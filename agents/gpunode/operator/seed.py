@@ -12,8 +12,10 @@ once the CRD serves, recording the content's digest in the annotation ``gpunode.
 * the same digest: left alone, so ``kubectl edit clusterpolicy`` changes last until the next render with
   a different policy is applied.
 
-A ConfigMap that is not a ClusterPolicy is logged (``clusterpolicy_seed_invalid``) and ignored; the
-operator then works with the policies the cluster has.
+A ConfigMap that is not a ClusterPolicy is logged (``clusterpolicy_seed_invalid``) and ignored, and so
+is a policy the API server refuses (``clusterpolicy_seed_refused``: invalid for the CRD's schema, or
+forbidden); the operator then works with the policies the cluster has. Until the CRD serves, the pass fails
+and is retried.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def parse_seed(configmap: Mapping[str, Any]) -> tuple[Obj, str] | None:
         return None
     try:
         obj = json.loads(text)
-    except ValueError as exc:
-        raise SeedError(f"{SEED_KEY}: not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python's stack
+        raise SeedError(f"{SEED_KEY}: not JSON ({type(exc).__name__}: {exc})") from None
     if (
         not isinstance(obj, dict)
         or obj.get("apiVersion") != "nvidia.com/v1"

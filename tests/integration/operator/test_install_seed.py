@@ -156,3 +156,34 @@ async def test_an_edit_lasts_until_a_changed_render_is_applied_and_a_bad_configm
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def test_a_policy_the_api_server_refuses_is_said_once_and_the_clusters_policy_serves(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as (api, kube):
+        apply_all(api, install())
+        c = controller(kube)
+        await c.reconcile()  # the install's policy, created
+        api.patch("ClusterPolicy", "cluster-policy", {"spec": {"dcgmExporter": {"enabled": False}}})
+        # a new render whose policy the API server refuses (422: as the CRD's schema would)
+        apply_all(api, install(POLICY.replace("migManager: {enabled: false}", "migManager: {enabled: true}")))
+        api.fail_next(1, status=422, method="PATCH", path_contains="/clusterpolicies/cluster-policy?")
+        result = await c.reconcile()  # no exception: the pass goes on with the cluster's policy
+        assert result.active == "cluster-policy"
+        spec = (api.get("ClusterPolicy", "cluster-policy") or {})["spec"]
+        assert spec["migManager"] == {"enabled": False}
+        assert spec["dcgmExporter"] == {"enabled": False}
+
+        def applies(since: int) -> list[int]:  # the policy's own resource (its /status aside)
+            rs = api.requests[since:]
+            return [
+                r.status
+                for r in rs
+                if r.method == "PATCH" and r.path.endswith("/clusterpolicies/cluster-policy")
+            ]
+
+        assert 422 in applies(0)
+        requests = len(api.requests)
+        await c.reconcile()  # not tried again for the same ConfigMap
+        assert applies(requests) == []
