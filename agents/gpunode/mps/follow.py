@@ -54,7 +54,8 @@ class FollowedConfig:
 
     def _read_digest(self) -> str | None:
         try:
-            return hashlib.sha256(self.file.read_bytes()).hexdigest()
+            with self.file.open("rb") as f:  # streamed: a huge file costs no memory (the plan refuses it)
+                return hashlib.file_digest(f, "sha256").hexdigest()
         except OSError:
             return None
 

@@ -320,6 +320,10 @@ def test_following_the_device_plugin_waits_for_its_config_then_follows_it(agent:
     publish(root, mps_config(49))
     log.wait_for("config_rejected", timeout=30)
     assert ready_threads(root) == 50
+    # a huge file planted there: refused by the size limit, in bounded time; the daemons stay
+    publish(root, mps_config(4) + "#" * (3 << 20) + "\n")
+    log.wait_for("config_rejected", count=2, timeout=30)
+    assert ready_threads(root) == 50
     # the built-in defaults (no sharing): the daemons stop, nothing to share
     publish(root, "version: v1\n")
     log.wait_for("mps_not_configured", timeout=30)
