@@ -1,10 +1,12 @@
 """`gpunode dev cluster --nodes N`: rehearse gpunode-operator on a simulated cluster.
 
 Starts the test API server with N fake GPU nodes that carry only NFD's labels and `--other-nodes` nodes
-without a GPU, creates the ClusterPolicy CRD and the policy (`--policy`, `--values`, or every component
-on), runs `gpunode-operator` against it as a process of its own, and prints the policy's state as it
-changes, the node labels the operator set and the DaemonSets scheduled per node. Then it serves until
-Ctrl-C, or with `--oneshot` exits 0 once the policy is ready (1 if not within `--timeout`).
+without a GPU, creates the ClusterPolicy CRD and applies the policy (`--policy`, `--values`, or every
+component on) as the install carries it, in the ConfigMap `gpunode-operator-clusterpolicy`; runs
+`gpunode-operator` against it as a process of its own (it creates the policy from that), and prints the
+policy's state as it changes, the node labels the operator set and the DaemonSets scheduled per node.
+Then it serves until Ctrl-C, or with `--oneshot` exits 0 once the policy is ready (1 if not within
+`--timeout`).
 
 With `--upgrade` it then rehearses a rolling driver upgrade (docs/upgrades.md): the policy's
 `driver.upgradePolicy` gets `autoUpgrade: true` (its limits as given), a validator DaemonSet runs beside
@@ -34,8 +36,9 @@ from types import FrameType
 from gpunode.api.clusterpolicy import ClusterPolicy, LoadedPolicy, load_policy, parse_policy_text
 from gpunode.api.clusterpolicy_crd import crd
 from gpunode.common.errors import ConfigError
-from gpunode.deploy.operator_install import clusterpolicy_object
+from gpunode.deploy.operator_install import clusterpolicy_object, render_operator_by_part
 from gpunode.deploy.render import render
+from gpunode.operator.seed import SEED_NAME
 from gpunode.sim import cluster_cli
 from gpunode.sim.apiserver import FakeApiServer, WatchEvent
 
@@ -236,10 +239,16 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             for monitoring_crd in cluster_cli.MONITORING_CRDS:
                 api.apply("CustomResourceDefinition", monitoring_crd, manager=MANAGER)
             print("the policy asks for a ServiceMonitor: created stand-ins of the Prometheus operator's CRDs")
-        obj = clusterpolicy_object(policy)
-        name = str(obj["metadata"]["name"])
-        api.apply("ClusterPolicy", obj, manager=MANAGER)
-        print(f"created clusterpolicy/{name}; starting gpunode-operator (log: {log})", flush=True)
+        name = str(clusterpolicy_object(policy)["metadata"]["name"])
+        # the policy as `gpunode render --operator | kubectl apply -f -` carries it: in its ConfigMap, from
+        # which the operator creates it (kubectl cannot, in the apply that creates the CRD)
+        for carrier in render_operator_by_part(policy, namespace=NAMESPACE)["clusterpolicy"]:
+            api.apply(carrier["kind"], carrier, manager=MANAGER)
+        print(
+            f"applied the install's ConfigMap {SEED_NAME} (clusterpolicy/{name} inside); starting "
+            f"gpunode-operator, which creates the policy from it (log: {log})",
+            flush=True,
+        )
         progress = cluster_cli.Progress(name)
         with log.open("wb") as out:
             proc = subprocess.Popen(
