@@ -9,11 +9,16 @@ even a wedged loop, or an executor thread that never returns, cannot keep the pr
 
 Structured concurrency helpers: :func:`supervise` (retry a task with capped exponential backoff,
 logging and counting each failure) and :func:`on_sighup` (a reload hook that runs as a task).
+
+SIGHUP never kills an agent: from the start of :func:`run` it is only noted, and the agent's
+:func:`on_sighup`, once it runs, reloads for a SIGHUP that came before it (a ``systemctl reload`` or the
+MIG manager's SIGHUP right after a start used to end the process with the signal's default action).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import os
@@ -54,6 +59,12 @@ DEFAULT_GRACE_S = 10.0
 MainResult = int | None
 Main = Coroutine[Any, Any, MainResult] | Callable[[], Awaitable[MainResult]]
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_sighup_pending = False  # a SIGHUP came before on_sighup took the signal over
+
+
+def _note_sighup(_signum: int, _frame: FrameType | None) -> None:
+    global _sighup_pending
+    _sighup_pending = True
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -149,7 +160,10 @@ def run(
     """
     logger = log if log is not None else get_logger("gpunode.runtime")
     life = _Lifecycle(grace, logger, force_exit)
+    global _sighup_pending
     previous = {sig: signal.signal(sig, life.handle_signal) for sig in SHUTDOWN_SIGNALS}
+    _sighup_pending = False
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _note_sighup)
     restore_hooks = install_error_hooks()
     try:
         with asyncio.Runner() as runner:
@@ -286,10 +300,15 @@ async def on_sighup(
     counted (reason ``reload``) but does not stop the agent: it keeps the configuration it has. Only one
     ``on_sighup`` may be active per event loop.
     """
+    global _sighup_pending
     logger = log if log is not None else get_logger("gpunode.runtime")
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
+    before = signal.getsignal(signal.SIGHUP)  # run()'s note-taker, or whatever a caller had
     loop.add_signal_handler(signal.SIGHUP, wake.set)
+    if _sighup_pending:  # it came while the agent was starting: reload now
+        _sighup_pending = False
+        wake.set()
     try:
         while True:
             await wake.wait()
@@ -305,6 +324,8 @@ async def on_sighup(
                     metrics.count_error("reload")
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
+        with contextlib.suppress(ValueError, TypeError):  # back to what it was (not the default action)
+            signal.signal(signal.SIGHUP, before)
 
 
 def trim_memory() -> None:

@@ -392,6 +392,28 @@ async def test_on_sighup_calls_the_callback_and_survives_failures() -> None:
     assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
 
 
+def test_a_sighup_before_the_reload_hook_runs_is_a_reload_not_death() -> None:
+    """A SIGHUP while the agent starts (a systemctl reload, the MIG manager's SIGHUP) used to end the
+    process by the signal's default action; now it is noted and reloads once the hook runs."""
+    calls: list[str] = []
+
+    async def main() -> None:
+        os.kill(os.getpid(), signal.SIGHUP)  # the hook does not exist yet
+        await asyncio.sleep(0.05)
+        called = asyncio.Event()
+        task = asyncio.create_task(
+            on_sighup(lambda: (calls.append("reload"), called.set()), log=RecordingLog())
+        )
+        await asyncio.wait_for(called.wait(), 5)
+        task.cancel()
+        await asyncio.wait([task])
+
+    before = signal.getsignal(signal.SIGHUP)
+    assert run(main, log=RecordingLog()) == 0
+    assert calls == ["reload"]
+    assert signal.getsignal(signal.SIGHUP) is before
+
+
 async def test_on_sighup_accepts_a_sync_callback() -> None:
     called = asyncio.Event()
     task = asyncio.create_task(on_sighup(called.set, log=RecordingLog()))
