@@ -23,30 +23,35 @@ __all__ = ["AGENTS", "AgentEntry", "entry", "spec", "specs"]
 class AgentEntry:
     """One agent: ``key`` is its short name (log field ``agent``, manifest file name), ``module`` holds
     its ``SPEC`` (daemons) or ``SPECS`` (commands with verbs), ``operand`` is the GPU Operator's
-    ``nvidia.com/gpu.deploy.<operand>`` label when the agent is deployed as a DaemonSet."""
+    ``nvidia.com/gpu.deploy.<operand>`` label when the agent is deployed as a DaemonSet. ``http_port``: the
+    default HTTP port of what its DaemonSet runs (its ``SPEC``'s, or its main verb's), kept here so that
+    rendering a DaemonSet does not import the agent's module (for the operator, grpc, protobuf and
+    prometheus_client: about 18 MB); a test checks it against the spec."""
 
     key: str
     console_script: str
     module: str
     operand: str | None = None
+    http_port: int | None = None
 
 
 AGENTS: tuple[AgentEntry, ...] = (
-    AgentEntry("driver", "gpunode-driver-loader", "gpunode.driver_loader.cli", "driver"),
+    AgentEntry("driver", "gpunode-driver-loader", "gpunode.driver_loader.cli", "driver", 9454),
     AgentEntry("toolkit", "gpunode-toolkit", "gpunode.toolkit.cli", "container-toolkit"),
-    AgentEntry("device-plugin", "gpunode-device-plugin", "gpunode.device_plugin.cli", "device-plugin"),
+    AgentEntry("device-plugin", "gpunode-device-plugin", "gpunode.device_plugin.cli", "device-plugin", 9451),
     AgentEntry(
         "feature-discovery",
         "gpunode-feature-discovery",
         "gpunode.feature_discovery.cli",
         "gpu-feature-discovery",
+        9452,
     ),
-    AgentEntry("exporter", "gpunode-exporter", "gpunode.exporter.cli", "dcgm-exporter"),
-    AgentEntry("mig-manager", "gpunode-mig-manager", "gpunode.mig.manager_cli", "mig-manager"),
+    AgentEntry("exporter", "gpunode-exporter", "gpunode.exporter.cli", "dcgm-exporter", 9400),
+    AgentEntry("mig-manager", "gpunode-mig-manager", "gpunode.mig.manager_cli", "mig-manager", 9453),
     AgentEntry("mig", "gpunode-mig", "gpunode.mig.cli"),
     AgentEntry("validator", "gpunode-validator", "gpunode.validator.cli"),
     # NVIDIA's MPS control daemon: deployed with the device plugin (its operand label), where mps.capable
-    AgentEntry("mps-control-daemon", "gpunode-mps-control-daemon", "gpunode.mps.cli", "device-plugin"),
+    AgentEntry("mps-control-daemon", "gpunode-mps-control-daemon", "gpunode.mps.cli", "device-plugin", 9456),
     # the cluster-side controller; its module is in the rendering layer (it reconciles with render's code)
     AgentEntry("operator", "gpunode-operator", "gpunode.deploy.operator_cli"),
 )

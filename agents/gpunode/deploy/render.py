@@ -41,6 +41,7 @@ from gpunode.kube.selectors import is_label_key
 from gpunode.mig import DEFAULT_JOURNAL
 from gpunode.mig.decisions import REASON_ANNOTATION as MIG_REASON_ANNOTATION
 from gpunode.mig.decisions import STATE_LABEL as MIG_STATE_LABEL
+from gpunode.mps.settings import MpsSettings
 from gpunode.toolkit.hook import DEFAULT_HOOK_DIR as HOOK_DIR
 from gpunode.toolkit.settings import TOOLKIT_DIR as NVIDIA_TOOLKIT_DIR
 
@@ -193,8 +194,7 @@ def agent_by_key(key: str) -> Agent:
     if entry.operand is None:
         raise KeyError(f"{key} is not deployed as a DaemonSet")
     verb = MAIN_VERBS.get(key, "")
-    port = registry.spec(key, verb).default_http_port
-    return Agent(entry.key, entry.console_script, entry.operand, port, verb)
+    return Agent(entry.key, entry.console_script, entry.operand, entry.http_port, verb)
 
 
 def agents() -> tuple[Agent, ...]:
@@ -1062,7 +1062,7 @@ class _Renderer:
         env.append(_env("FOLLOW_DEVICE_PLUGIN", "true"))  # <root>/.device-plugin-config.yaml
         cluster_rules: list[Obj] = []
         # the device plugin's env where it names a setting of this agent (LOG_LEVEL, MIG_STRATEGY, ...)
-        known = {e for flag in flags_of(registry.spec(agent.key).settings_type) for e in flag.envs}
+        known = {e for flag in flags_of(MpsSettings) for e in flag.envs}
         main = self._container(agent, agent.command, env, [e for e in dp.env if e.name in known])
         # SETUID/SETGID: MPS servers run as their clients' users; SYS_ADMIN: the GPUs' compute mode (a
         # privileged NVML call) on the legacy path (with CDI the container is privileged anyway)
