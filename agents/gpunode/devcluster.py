@@ -137,6 +137,15 @@ def _ready(pod: dict[str, object]) -> dict[str, object]:
     return {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
 
 
+def _driver_nodes(api: FakeApiServer) -> set[str]:
+    """The nodes with a pod of the driver DaemonSet."""
+    return {
+        str(p["spec"].get("nodeName"))
+        for p in api.objects("Pod", NAMESPACE)
+        if str(p["metadata"].get("name", "")).startswith("gpunode-driver-loader-")
+    }
+
+
 def rehearse_upgrade(
     api: FakeApiServer, name: str, gpu: Sequence[str], version: str, *, timeout: float
 ) -> int:
@@ -155,10 +164,17 @@ def rehearse_upgrade(
             last[node] = state
             moves.put((node, state, str((meta.get("annotations") or {}).get(REASON_ANNOTATION, ""))))
 
+    deadline = time.monotonic() + timeout
+    # every GPU node runs the driver first: a node labelled after the policy went ready would otherwise
+    # get the new driver straight away, never pass through the states, and be waited for in vain
+    while not set(gpu) <= _driver_nodes(api):
+        if time.monotonic() > deadline:
+            print(f"{PROG}: error: no driver on every GPU node within {timeout:g} s", file=sys.stderr)
+            return 1
+        time.sleep(0.05)
     api.observers.append(observe)
     print(f"rolling the driver to {version} (spec.driver.version); upgrade states as they move:", flush=True)
     api.patch("ClusterPolicy", name, {"spec": {"driver": {"version": version}}})
-    deadline = time.monotonic() + timeout
     states: dict[str, str] = {}
     started = time.monotonic()
     while time.monotonic() < deadline:
