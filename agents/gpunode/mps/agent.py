@@ -129,10 +129,8 @@ class MpsAgent:
         self.root = MpsRoot(opts.mps_root or opts.default_root)
         self.log = get_logger("gpunode.mps")
         self.metrics = create_metrics(AGENT)
-        if labelled is not None:
-            labelled.count_errors_into(self.metrics.count_error)  # gpunode_errors_total{reason=kube...}
-        if isinstance(labelled, FollowedConfig):
-            labelled.waiting = self._unready  # /readyz says what it waits for
+        if labelled is not None:  # gpunode_errors_total{reason=kube...}; /readyz says what it waits for
+            labelled.bind(self.metrics.count_error, self._unready)
         self.http = (
             HealthServer(self.metrics.registry, host=opts.http_host, port=opts.http_port)
             if opts.http_port is not None

@@ -7,8 +7,9 @@ built-in defaults. Following that file, the MPS daemons always match what the pl
 has one choice of config (no second label watch that could see a change at another moment), and this
 agent needs neither the Kubernetes API nor RBAC on nodes, nor the client's memory (docs/mps.md).
 
-The interface is :class:`gpunode.mps.labelled.LabelledConfig`'s: ``path`` for the planning child,
-``first()`` before the first plan (here: wait until the plugin has published), ``follow(replan)`` after.
+The interface is :class:`gpunode.mps.labelled.LabelledConfig`'s: ``bind()`` to the agent, ``path`` for the
+planning child, ``first()`` before the first plan (here: wait until the plugin has published),
+``follow(replan)`` after.
 A published file the planning step refuses leaves the daemons as they are (``config_rejected``); a
 config the plugin refuses is never published (it never comes into force there).
 """
@@ -49,8 +50,10 @@ class FollowedConfig:
         self.waiting = waiting  # the agent's not-ready reason while nothing is published
         self.digest: str | None = None
 
-    def count_errors_into(self, count_error: Callable[[str], object]) -> None:
-        """No API, no selection: nothing of its own to count (the plan's errors are the agent's)."""
+    def bind(self, count_error: Callable[[str], object], unready: Callable[[str], object]) -> None:
+        """The agent's hooks: ``unready`` says what it waits for (/readyz); no API, no selection, so
+        nothing of its own to count (the plan's errors are the agent's)."""
+        self.waiting = unready
 
     def _read_digest(self) -> str | None:
         try:

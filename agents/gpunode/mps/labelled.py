@@ -40,14 +40,15 @@ class LabelledConfig:
         self.options = options
         self.path: str | None = None
         self.log = log
-        # The agent's error counter, set once the agent has made its metrics (count_errors_into).
+        # The agent's error counter, set once the agent has made its metrics (bind).
         self.count_error = count_error
         self.config: LabelConfig[str | None] = LabelConfig(
             options, self._load, kube=kube, report=False, log=log, count_error=lambda r: self.count_error(r)
         )
 
-    def count_errors_into(self, count_error: Callable[[str], object]) -> None:
-        """Count the label controller's errors (``kube``, ``config-selection``, ``config``) there."""
+    def bind(self, count_error: Callable[[str], object], unready: Callable[[str], object]) -> None:
+        """The agent's hooks: its error counter takes the label controller's errors (``kube``,
+        ``config-selection``, ``config``); ``unready`` is not needed (the first choice has a deadline)."""
         self.count_error = count_error
 
     @staticmethod

@@ -263,6 +263,8 @@ class ClusterPolicyController:
         self._kept: set[ObjectKey] = set()  # not ours: left alone (logged once)
         self._seeded: str | None = None  # the install ConfigMap's digest once its policy is in place
         self._seed_error: str | None = None  # what was wrong with it (logged once)
+        if cache is not None:
+            cache.watch([CONFIG_MAP])  # the install's ConfigMap: a new render applied queues a pass
         self.log = get_logger("gpunode.operator.controller")
 
     async def reconcile(self) -> ReconcileResult:
@@ -346,8 +348,6 @@ class ClusterPolicyController:
         """The install's ClusterPolicy (:mod:`gpunode.operator.seed`): applied when missing or when the
         install's ConfigMap changed; a KubeError (the CRD not served yet) retries the pass."""
         key = ObjectKey("v1", "ConfigMap", self.namespace, SEED_NAME)
-        if self.cache is not None:
-            self.cache.watch([CONFIG_MAP])  # a new render applied queues a pass
         configmap = await self._live(key)
         if configmap is None:
             return
